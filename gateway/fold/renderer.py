@@ -1,0 +1,74 @@
+"""The one plug point for context strategies.
+
+A renderer turns the stored history into the context the model sees. It is a pure function
+of (history, render state, parameters): no I/O, no clock, same input -> same output. The
+optional ``cache`` it returns is a value the caller keeps per session and passes back on
+the next call so that the work done is proportional to what is new; rendering without a
+cache gives exactly the same transcript.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gateway.transcript import Message, Transcript, observation_indices
+
+TokenCount = Callable[[Message], int]
+
+
+def estimate_tokens(message: Message) -> int:
+    """Bytes/4 over everything the model would read: a labelled estimate, not a tokenizer."""
+    size = len(message.text.encode()) + len(message.thinking.encode())
+    size += sum(len(c.name) + len(c.arguments.encode()) for c in message.tool_calls)
+    return size // 4 + 4
+
+
+@dataclass(frozen=True, slots=True)
+class RenderState:
+    """What only the gateway knows about a session.
+
+    ``restored``: history indices of the gateway-made messages that carry restored content;
+    they are rendered verbatim, are not steps, and are never compressed again.
+    ``pinned``: steps that must always render in full.
+    """
+
+    restored: frozenset[int] = frozenset()
+    pinned: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class RenderStats:
+    steps: int = 0
+    boundary: int = 0
+    stubs: int = 0
+    folded_steps: int = 0
+    compactions: int = 0
+    reminders: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    transcript: Transcript
+    cache: Any = None
+    stats: RenderStats = field(default_factory=RenderStats)
+
+
+class Renderer(ABC):
+    """Subclasses set ``name`` and implement ``render``; parameters go to ``__init__``."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def render(
+        self, history: Transcript, state: RenderState | None = None, cache: Any = None
+    ) -> Rendered: ...
+
+
+def step_indices(history: Transcript, state: RenderState | None = None) -> list[int]:
+    """History indices of the steps (tool outputs), gateway-restored content excluded."""
+    restored = state.restored if state else frozenset()
+    return [i for i in observation_indices(history.messages) if i not in restored]

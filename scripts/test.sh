@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command of the README: set up a venv, make sure redis-server exists, run ruff and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi
+.venv/bin/pip install -q -e '.[dev]'
+if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
+  apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+fi
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q "$@"
