@@ -1,0 +1,73 @@
+"""Retry a request on another replica when the upstream failed before the client saw a byte.
+
+The gateway wraps its upstream call in `attempt(replica)`. On a connection error or a 5xx
+the attempt raises `UpstreamFailed`, saying whether anything was already sent to the client:
+only then is a retry safe, because a second answer cannot be spliced onto a partial one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from router.policies import NoHealthyReplica, RoutingPolicy
+from router.pool import ReplicaPool
+from router.replica import Replica
+from router.telemetry import FAILOVER_RETRIES
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UpstreamFailed(Exception):
+    """An upstream request failed. `retryable` is False once bytes reached the client."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+async def with_failover(
+    policy: RoutingPolicy,
+    pool: ReplicaPool,
+    tenant: str,
+    session: str,
+    attempt: Callable[[Replica], Awaitable[T]],
+    *,
+    max_attempts: int = 3,
+) -> T:
+    """Route and run `attempt`, retrying retryable failures on replicas not yet tried.
+
+    The replica's in-flight count covers the whole attempt, so the attempt should finish
+    streaming before it returns. Every failure is reported to the pool. Raises the last
+    `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
+    """
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    tried: list[str] = []
+    last: UpstreamFailed | None = None
+    for _ in range(max_attempts):
+        try:
+            decision = await policy.choose(tenant, session, pool, exclude=tried)
+        except NoHealthyReplica:
+            if last is None:
+                raise
+            raise last from None
+        replica = decision.replica
+        if tried:
+            FAILOVER_RETRIES.inc()
+        tried.append(replica.url)
+        try:
+            with replica.track():
+                return await attempt(replica)
+        except UpstreamFailed as exc:
+            pool.report_failure(replica)
+            if not exc.retryable:
+                raise
+            log.warning("upstream %s failed before first byte: %s", replica.url, exc)
+            last = exc
+    assert last is not None  # the loop only falls through after a retryable failure
+    raise last

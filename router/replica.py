@@ -1,0 +1,42 @@
+"""One upstream vLLM replica as the router sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from router.metrics import ReplicaMetrics
+
+
+@dataclass(eq=False)
+class Replica:
+    """Mutable state of one replica; the pool's prober and the gateway update it in place.
+
+    `healthy` starts False: a replica is not routed to before its first successful probe.
+    """
+
+    url: str
+    healthy: bool = False
+    metrics: ReplicaMetrics | None = None
+    consecutive_failures: int = 0
+    in_flight: int = 0
+
+    @property
+    def load(self) -> float:
+        """Engine load from the latest scrape plus requests this gateway has in flight.
+
+        The in-flight part reacts between scrapes, so a burst of new sessions spreads out
+        instead of all landing on whichever replica looked idle at the last scrape.
+        """
+        scraped = self.metrics.load if self.metrics is not None else 0.0
+        return scraped + self.in_flight
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        """Count one gateway request against this replica while the block runs."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
