@@ -48,6 +48,8 @@ class RenderStats:
     compactions: int = 0
     reminders: int = 0
     notes: tuple[str, ...] = ()
+    # True when the rendering is still over the strategy's token budget (cliff's ladder ran out).
+    over_budget: bool = False
 
 
 @dataclass(frozen=True, slots=True)
