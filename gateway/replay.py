@@ -1,0 +1,280 @@
+"""Replay recorded agent sessions through the context strategies, offline.
+
+Each trajectory is replayed as its harness sent it: request t holds every message before
+the t-th assistant reply. Every request is rendered by every strategy (one renderer cache
+per session and strategy, passed back each call), tokenized as a ChatML prompt, and fed to
+a prefix-cache simulator (one per session and strategy, as if each session had its own
+sticky replica). The result holds per-request series and per-strategy totals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from gateway.fold.renderer import Renderer, TokenCount
+from gateway.prefix_cache import PrefixCache
+from gateway.tokens import ChatTokenizer
+from gateway.transcript import Message, Transcript
+
+# Qwen3.6-27B KV cache bytes per token. Its 64 layers are 16 x (3 Gated DeltaNet + 1 gated
+# full-attention); only the 16 full-attention layers keep a per-token KV cache (DeltaNet
+# keeps a fixed-size recurrent state per sequence). Full attention: 4 KV heads, head_dim
+# 256. So 16 layers x 4 heads x 256 x 2 (K and V) x 2 bytes (bf16) = 65,536 bytes/token.
+# Source: the Qwen3.6-27B model card ("Hidden Layout: 16 x (3 x (Gated DeltaNet -> FFN) ->
+# 1 x (Gated Attention -> FFN))", "Attention Heads: 24 for Q and 4 for KV, Head Dimension:
+# 256"), as mirrored at https://shilu.ai/articles/qwen-hf/qwen-qwen3.6-27b-fp8 and
+# https://ai.gitcode.com/openharmony-models/Qwen3.6-27B-GGUF; config.json layer_types
+# (48 linear_attention + 16 full_attention) per http://eadst.com/blog/325.
+MODEL_KV_BYTES_PER_TOKEN: dict[str, int] = {"qwen3.6-27b": 16 * 4 * 256 * 2 * 2}
+
+GIB = 1024**3
+_FOLD_LINES = re.compile(r"^\s*PROGRESS:.*\n\s*STALE:", re.MULTILINE)
+
+
+class TrajectoryLike(Protocol):
+    """What the replay reads from ``gateway.importers.Trajectory``."""
+
+    id: str
+    harness: str
+    transcript: Transcript
+
+
+RendererFactory = Callable[..., Renderer]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    strategies: tuple[str, ...]
+    k: int = 3
+    budget: int | None = None
+    block_size: int = 16
+    cache_blocks: int | None = None
+    kv_bytes_per_token: int = MODEL_KV_BYTES_PER_TOKEN["qwen3.6-27b"]
+
+    def __post_init__(self) -> None:
+        if not self.strategies:
+            raise ValueError("at least one strategy is needed")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError(f"strategy listed twice in {','.join(self.strategies)}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.budget is not None and self.budget < 1:
+            raise ValueError(f"budget must be a positive token count, got {self.budget}")
+        if self.kv_bytes_per_token < 1:
+            raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
+
+
+@dataclass(slots=True)
+class SessionRun:
+    """One trajectory under one strategy: per-request series and session counters."""
+
+    trajectory: str
+    strategy: str
+    context: list[int] = field(default_factory=list)  # prompt tokens of each request
+    cached: list[int] = field(default_factory=list)  # of which served from the prefix cache
+    rewrites: int = 0
+    over_budget: int = 0
+    compactions: int = 0
+    stubs: int = 0  # in the final rendering
+    folded_steps: int = 0  # in the final rendering
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.context)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.prompt_tokens - sum(self.cached)
+
+    @property
+    def peak_context(self) -> int:
+        return max(self.context, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyTotals:
+    strategy: str
+    sessions: int
+    requests: int
+    prompt_tokens: int
+    uncached_tokens: int
+    hit_rate: float
+    peak_context: int
+    mean_peak_kv_gib: float
+    max_peak_kv_gib: float
+    rewrites: int
+    over_budget: int
+    compactions: int
+    stubs: int
+    folded_steps: int
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    tokenizer: str
+    tokenizer_is_estimate: bool
+    config: ReplayConfig
+    runs: list[SessionRun]
+    fold_active: list[str]  # trajectories whose replies carry PROGRESS/STALE lines
+    totals: dict[str, StrategyTotals] = field(default_factory=dict)
+
+    def operators_note(self) -> str:
+        """Which ReFold operators this replay exercised."""
+        if self.fold_active:
+            fold = f"fold active in {len(self.fold_active)} of {self.trajectory_count} sessions"
+        else:
+            fold = "fold inactive: no PROGRESS/STALE lines in the recorded replies"
+        return f"ReFold operators: dedup: yes; {fold}"
+
+    @property
+    def trajectory_count(self) -> int:
+        return len({r.trajectory for r in self.runs})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokenizer": self.tokenizer,
+            "tokenizer_is_estimate": self.tokenizer_is_estimate,
+            "config": asdict(self.config),
+            "refold_operators": self.operators_note(),
+            "fold_active": self.fold_active,
+            "totals": {s: asdict(t) for s, t in self.totals.items()},
+            "sessions": [
+                {
+                    "trajectory": r.trajectory,
+                    "strategy": r.strategy,
+                    "prompt_tokens": r.prompt_tokens,
+                    "uncached_tokens": r.uncached_tokens,
+                    "peak_context": r.peak_context,
+                    "rewrites": r.rewrites,
+                    "over_budget": r.over_budget,
+                    "compactions": r.compactions,
+                    "stubs": r.stubs,
+                    "folded_steps": r.folded_steps,
+                    "context": r.context,
+                    "cached": r.cached,
+                }
+                for r in self.runs
+            ],
+        }
+
+
+def requests_of(history: Transcript) -> Iterator[Transcript]:
+    """The requests a harness sent: before each assistant reply, everything so far."""
+    for i, m in enumerate(history.messages):
+        if m.role == "assistant":
+            yield history.with_messages(history.messages[:i])
+
+
+def request_count(history: Transcript) -> int:
+    return sum(1 for m in history.messages if m.role == "assistant")
+
+
+def carries_fold_lines(history: Transcript) -> bool:
+    """True when some reply starts with ReFold's PROGRESS/STALE protocol lines."""
+    return any(m.role == "assistant" and _FOLD_LINES.search(m.text) for m in history.messages)
+
+
+def _is_extension(previous: Sequence[Message], current: Sequence[Message]) -> bool:
+    return len(current) >= len(previous) and tuple(current[: len(previous)]) == tuple(previous)
+
+
+def replay_session(
+    trajectory: TrajectoryLike,
+    renderer: Renderer,
+    strategy: str,
+    chat: ChatTokenizer,
+    config: ReplayConfig,
+    on_request: Callable[[], None] | None = None,
+) -> SessionRun:
+    """Replay one trajectory under one strategy."""
+    run = SessionRun(trajectory=trajectory.id, strategy=strategy)
+    sim = PrefixCache(block_size=config.block_size, capacity_blocks=config.cache_blocks)
+    cache: Any = None
+    previous: tuple[Message, ...] | None = None
+    for request in requests_of(trajectory.transcript):
+        rendered = renderer.render(request, None, cache)
+        cache = rendered.cache
+        messages = rendered.transcript.messages
+        result = sim.request(chat.prompt_ids(rendered.transcript))
+        run.context.append(result.prompt_tokens)
+        run.cached.append(result.cached_tokens)
+        if previous is not None and not _is_extension(previous, messages):
+            run.rewrites += 1
+        if config.budget is not None and result.prompt_tokens > config.budget:
+            run.over_budget += 1
+        run.compactions += rendered.stats.compactions
+        run.stubs, run.folded_steps = rendered.stats.stubs, rendered.stats.folded_steps
+        previous = messages
+        if on_request is not None:
+            on_request()
+    return run
+
+
+def _totals(strategy: str, runs: list[SessionRun], kv_bytes: int) -> StrategyTotals:
+    prompt = sum(r.prompt_tokens for r in runs)
+    uncached = sum(r.uncached_tokens for r in runs)
+    peaks_gib = [r.peak_context * kv_bytes / GIB for r in runs]
+    return StrategyTotals(
+        strategy=strategy,
+        sessions=len(runs),
+        requests=sum(len(r.context) for r in runs),
+        prompt_tokens=prompt,
+        uncached_tokens=uncached,
+        hit_rate=(prompt - uncached) / prompt if prompt else 0.0,
+        peak_context=max((r.peak_context for r in runs), default=0),
+        mean_peak_kv_gib=sum(peaks_gib) / len(peaks_gib) if peaks_gib else 0.0,
+        max_peak_kv_gib=max(peaks_gib, default=0.0),
+        rewrites=sum(r.rewrites for r in runs),
+        over_budget=sum(r.over_budget for r in runs),
+        compactions=sum(r.compactions for r in runs),
+        stubs=sum(r.stubs for r in runs),
+        folded_steps=sum(r.folded_steps for r in runs),
+    )
+
+
+def default_renderer_factory() -> RendererFactory:
+    from gateway.fold import make_renderer
+
+    return make_renderer
+
+
+def replay(
+    trajectories: Iterable[TrajectoryLike],
+    chat: ChatTokenizer,
+    config: ReplayConfig,
+    make_renderer: RendererFactory | None = None,
+    on_request: Callable[[], None] | None = None,
+) -> ReplayResult:
+    """Replay every trajectory under every strategy of ``config``.
+
+    ``make_renderer(spec, k=..., budget=..., count_tokens=...)`` builds a renderer; it
+    defaults to the registry in ``gateway.fold``. Renderers count tokens with ``chat`` so
+    their budgets use the replay's tokenizer (and share its memo).
+    """
+    factory = make_renderer or default_renderer_factory()
+    count_tokens: TokenCount = chat.message_count
+    renderers = {
+        s: factory(s, k=config.k, budget=config.budget, count_tokens=count_tokens)
+        for s in config.strategies
+    }
+    runs: list[SessionRun] = []
+    fold_active: list[str] = []
+    for trajectory in trajectories:
+        if carries_fold_lines(trajectory.transcript):
+            fold_active.append(trajectory.id)
+        for strategy, renderer in renderers.items():
+            runs.append(replay_session(trajectory, renderer, strategy, chat, config, on_request))
+    result = ReplayResult(
+        tokenizer=chat.counter.name,
+        tokenizer_is_estimate=chat.counter.is_estimate,
+        config=config,
+        runs=runs,
+        fold_active=fold_active,
+    )
+    for s in config.strategies:
+        mine = [r for r in runs if r.strategy == s]
+        result.totals[s] = _totals(s, mine, config.kv_bytes_per_token)
+    return result

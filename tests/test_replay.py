@@ -1,0 +1,148 @@
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
+from gateway.replay import (
+    GIB,
+    ReplayConfig,
+    carries_fold_lines,
+    replay,
+    requests_of,
+)
+from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, TokenCounter, serialize_message
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+
+
+class CharCounter(TokenCounter):
+    """One token per character: prompt sizes are string lengths, computable by hand."""
+
+    name = "chars"
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+class StandInBase(Renderer):
+    name = "base"
+
+    def render(self, history: Transcript, state: RenderState | None = None, cache: Any = None):
+        return Rendered(transcript=history, cache=cache)
+
+
+class LastTwo(Renderer):
+    """Keeps only the newest two messages once there are more than two: rewrites the prefix."""
+
+    name = "last2"
+
+    def render(self, history: Transcript, state: RenderState | None = None, cache: Any = None):
+        msgs = history.messages
+        if len(msgs) <= 2:
+            return Rendered(transcript=history, cache=cache)
+        return Rendered(history.with_messages(msgs[-2:]), cache, RenderStats(compactions=1))
+
+
+def stand_in_factory(spec: str, **_: Any) -> Renderer:
+    return {"base": StandInBase, "last2": LastTwo}[spec]()
+
+
+@dataclass
+class Traj:
+    id: str
+    harness: str
+    transcript: Transcript
+
+
+def call(cid: str, cmd: str) -> Message:
+    return Message(role="assistant", parts=(Text("run"), ToolCall(cid, "bash", f'{{"c":"{cmd}"}}')))
+
+
+MSGS = (
+    text_message("system", "You are a coder."),
+    text_message("user", "Fix the bug."),
+    call("c1", "ls"),
+    tool_message("c1", "a.py"),
+    call("c2", "cat a.py"),
+    tool_message("c2", "x = 1"),
+    text_message("assistant", "Done."),
+)
+TRAJ = Traj("t1", "test", Transcript(messages=MSGS))
+
+
+def size(msgs: tuple[Message, ...]) -> int:
+    return sum(len(serialize_message(m)) for m in msgs) + len(GENERATION_PROMPT)
+
+
+def test_requests_are_the_prefixes_before_each_reply() -> None:
+    reqs = list(requests_of(TRAJ.transcript))
+    assert [len(r.messages) for r in reqs] == [2, 4, 6]
+    assert reqs[1].messages == MSGS[:4]
+
+
+def test_base_replay_numbers_by_hand() -> None:
+    cfg = ReplayConfig(strategies=("base",), block_size=1, kv_bytes_per_token=1024)
+    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    (run,) = result.runs
+    p = [size(MSGS[:2]), size(MSGS[:4]), size(MSGS[:6])]
+    assert run.context == p
+    # each request extends the previous one, generation prompt included
+    assert run.cached == [0, p[0], p[1]]
+    assert run.rewrites == 0 and run.compactions == 0 and run.over_budget == 0
+    t = result.totals["base"]
+    assert t.prompt_tokens == sum(p)
+    assert t.uncached_tokens == sum(p) - p[0] - p[1]
+    assert t.hit_rate == pytest.approx((p[0] + p[1]) / sum(p))
+    assert t.peak_context == p[2]
+    assert t.mean_peak_kv_gib == pytest.approx(p[2] * 1024 / GIB)
+    assert t.requests == 3 and t.sessions == 1
+
+
+def test_block_size_rounds_hits_down_to_full_blocks() -> None:
+    cfg = ReplayConfig(strategies=("base",), block_size=16)
+    (run,) = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory).runs
+    p0, p1 = size(MSGS[:2]), size(MSGS[:4])
+    assert run.cached[1:] == [p0 // 16 * 16, p1 // 16 * 16]
+
+
+def test_rewrites_budget_and_compactions_are_counted() -> None:
+    budget = size(MSGS[:2]) + 1
+    cfg = ReplayConfig(strategies=("base", "last2"), block_size=1, budget=budget)
+    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    base, last2 = result.runs
+    assert base.over_budget == 2  # requests 2 and 3 exceed the budget
+    assert last2.strategy == "last2"
+    assert last2.context == [size(MSGS[:2]), size(MSGS[2:4]), size(MSGS[4:6])]
+    assert last2.rewrites == 2 and last2.compactions == 2
+    assert result.totals["last2"].prompt_tokens < result.totals["base"].prompt_tokens
+
+
+def test_fold_operator_note() -> None:
+    cfg = ReplayConfig(strategies=("base",))
+    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    assert "fold inactive: no PROGRESS/STALE lines" in result.operators_note()
+    folding = text_message("assistant", "PROGRESS: read a.py\nSTALE: 0\nnext")
+    assert carries_fold_lines(Transcript(messages=(folding,)))
+    assert not carries_fold_lines(Transcript(messages=(text_message("user", "PROGRESS: x"),)))
+
+
+def test_json_has_totals_and_series() -> None:
+    cfg = ReplayConfig(strategies=("base",), block_size=1)
+    out = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory).to_json()
+    assert out["tokenizer"] == "chars"
+    assert out["totals"]["base"]["requests"] == 3
+    assert out["sessions"][0]["context"] == [size(MSGS[:2]), size(MSGS[:4]), size(MSGS[:6])]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"strategies": ()}, "at least one strategy"),
+        ({"strategies": ("base", "base")}, "listed twice"),
+        ({"strategies": ("base",), "k": 0}, "k must be"),
+        ({"strategies": ("base",), "budget": 0}, "budget"),
+    ],
+)
+def test_bad_config(kwargs: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        ReplayConfig(**kwargs)
