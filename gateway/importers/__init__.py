@@ -1,0 +1,10 @@
+"""Trajectory importers: other harnesses' agent logs as neutral transcripts.
+
+``load_trajectories(*paths)`` reads files and folders, detecting each file's format from
+its content; ``detect_format(path)`` says which format a file is in.
+"""
+
+from gateway.importers.base import Trajectory, TrajectoryFormatError
+from gateway.importers.detect import LOADERS, detect_format, load_trajectories
+
+__all__ = ["LOADERS", "Trajectory", "TrajectoryFormatError", "detect_format", "load_trajectories"]

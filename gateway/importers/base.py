@@ -1,0 +1,89 @@
+"""What every importer shares: the ``Trajectory`` record, the error type, and file readers.
+
+Importers turn another tool's log into the neutral transcript, so a replay of a raw log and
+of its normalized twin sees the same messages. Every error names the file (and line, for
+JSONL) so a user pointing foldgate at a folder of logs knows which one to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gateway.transcript import Transcript
+
+Fmt = Literal["native_tool_calls", "text_actions"]
+FORMATS: tuple[Fmt, ...] = ("native_tool_calls", "text_actions")
+
+
+class TrajectoryFormatError(ValueError):
+    """A file that is not a recognised trajectory, or one that breaks its format's rules."""
+
+    def __init__(self, path: Path | str, problem: str, line: int | None = None) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {problem}")
+        self.path = Path(path)
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One recorded agent run as the neutral transcript.
+
+    ``fmt`` says how actions and observations travel: ``native_tool_calls`` (tool calls and
+    ``tool`` messages) or ``text_actions`` (actions in assistant text, observations as
+    ``user`` messages). ``compaction_indices`` are the message indices where the harness
+    itself compacted its context (messages before one had left the live context).
+    ``meta`` holds descriptive fields of the source (model, task, origin) and is not replayed.
+    """
+
+    id: str
+    harness: str
+    fmt: Fmt
+    transcript: Transcript
+    source_path: Path
+    compaction_indices: tuple[int, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+def stem(path: Path) -> str:
+    """The file name without its trajectory suffixes (``x.traj.json`` -> ``x``)."""
+    name = path.name
+    for suffix in (".traj.json", ".traj", ".jsonl", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TrajectoryFormatError(path, f"malformed JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TrajectoryFormatError(path, f"not UTF-8 text: {exc}") from exc
+
+
+def read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    """``(line number, object)`` for every non-blank line; line numbers start at 1."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TrajectoryFormatError(path, f"not UTF-8 text: {exc}") from exc
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise TrajectoryFormatError(path, f"malformed JSON line: {exc}", n) from exc
+    return out
+
+
+def require(cond: bool, path: Path, problem: str, line: int | None = None) -> None:
+    if not cond:
+        raise TrajectoryFormatError(path, problem, line)

@@ -1,0 +1,52 @@
+"""mini-swe-agent ``.traj.json``: ``{"info", "messages", "trajectory_format"}``.
+
+``messages`` are the chat messages the model saw. Runs with tool calling (v2) answer calls
+with ``tool`` messages; older text runs put the bash block in the assistant text and the
+output in a ``user`` message. The final ``exit`` message is bookkeeping (the submission
+echoed back), never sent to the model, so it is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.importers.base import Trajectory, read_json, require, stem
+from gateway.importers.chat import decode_chat_message
+from gateway.transcript import Transcript
+
+HARNESS = "mini-swe-agent"
+
+
+def looks_like(doc: Any) -> bool:
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("messages"), list):
+        return False
+    return str(doc.get("trajectory_format", "")).startswith("mini-swe-agent") or "info" in doc
+
+
+def load(path: Path) -> list[Trajectory]:
+    doc = read_json(path)
+    require(looks_like(doc), path, "not a mini-swe-agent trajectory (needs 'messages', 'info')")
+    messages = tuple(
+        decode_chat_message(m, path, f"message {i}")
+        for i, m in enumerate(doc["messages"])
+        if not (isinstance(m, Mapping) and m.get("role") == "exit")
+    )
+    native = any(m.role == "tool" for m in messages)
+    info = doc.get("info") if isinstance(doc.get("info"), Mapping) else {}
+    meta = {
+        "instance_id": doc.get("instance_id"),
+        "trajectory_format": doc.get("trajectory_format"),
+        "exit_status": info.get("exit_status"),
+    }
+    return [
+        Trajectory(
+            id=f"{HARNESS}__{stem(path)}",
+            harness=HARNESS,
+            fmt="native_tool_calls" if native else "text_actions",
+            transcript=Transcript(messages),
+            source_path=path,
+            meta={k: v for k, v in meta.items() if v is not None},
+        )
+    ]

@@ -1,0 +1,129 @@
+"""OpenHands ``output.jsonl`` (one run per line, events in ``history``) and event lists.
+
+OpenHands logs actions and observations, not the messages its CodeAct agent sent, so the
+messages are rebuilt the way the agent prompted the model (text actions):
+- an agent action becomes an assistant message: its thought, then the command in an
+  ``<execute_bash>`` / ``<execute_ipython>`` / ``<execute_browse>`` block;
+  ``finish`` and ``think`` are the thought alone;
+- an observation becomes a ``user`` message holding its ``content``;
+- a ``message`` action is the user's (or, when the event says so, the agent's) text.
+Legacy events keep fields at the top level; newer ones nest them in ``args`` / ``extras``
+and say who spoke in ``source``. Legacy histories of ``[action, observation]`` pairs are
+flattened. State-change and recall events are bookkeeping the model never saw: skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.importers.base import (
+    Trajectory,
+    TrajectoryFormatError,
+    read_json,
+    read_jsonl,
+    require,
+    stem,
+)
+from gateway.transcript import Message, Transcript, text_message
+
+HARNESS = "openhands"
+_BLOCKS = {
+    "run": ("execute_bash", "command"),
+    "run_ipython": ("execute_ipython", "code"),
+    "browse_interactive": ("execute_browse", "browser_actions"),
+}
+_THOUGHT_ONLY = {"finish", "think"}
+_SKIPPED = {"change_agent_state", "agent_state_changed", "recall", "null", "system"}
+
+
+def looks_like_run(record: Any) -> bool:
+    """One ``output.jsonl`` line: a run record with an event ``history``."""
+    return (
+        isinstance(record, Mapping)
+        and isinstance(record.get("history"), list)
+        and any(k in record for k in ("instruction", "instance_id", "issue", "metrics"))
+    )
+
+
+def looks_like_events(doc: Any) -> bool:
+    """An exported event list: JSON array of action / observation events."""
+    return (
+        isinstance(doc, list)
+        and bool(doc)
+        and all(isinstance(e, Mapping) and ("action" in e or "observation" in e) for e in doc)
+    )
+
+
+def load(path: Path) -> list[Trajectory]:
+    out = []
+    for n, rec in read_jsonl(path):
+        require(looks_like_run(rec), path, "not an OpenHands run record (needs 'history')", n)
+        # Ids use the 0-based line index, as the run's "line index" is usually quoted.
+        out.append(_trajectory(path, f"{stem(path)}_{n - 1}", rec["history"], n, rec))
+    return out
+
+
+def load_events(path: Path) -> list[Trajectory]:
+    doc = read_json(path)
+    require(looks_like_events(doc), path, "not an OpenHands event list")
+    return [_trajectory(path, stem(path), doc, None, {})]
+
+
+def _trajectory(
+    path: Path, name: str, history: list[Any], line: int | None, rec: Mapping[str, Any]
+) -> Trajectory:
+    events = [e for item in history for e in (item if isinstance(item, list) else [item])]
+    messages: list[Message] = []
+    for i, event in enumerate(events):
+        msg = _message(event, path, line, i, first=not messages)
+        if msg is not None:
+            messages.append(msg)
+    meta = {k: rec[k] for k in ("instance_id", "issue", "success") if k in rec}
+    if line is not None:
+        meta["line_index"] = line - 1
+    return Trajectory(
+        id=f"{HARNESS}__{name}",
+        harness=HARNESS,
+        fmt="text_actions",
+        transcript=Transcript(tuple(messages)),
+        source_path=path,
+        meta=meta,
+    )
+
+
+def _message(e: Any, path: Path, line: int | None, i: int, first: bool) -> Message | None:
+    where = f"event {i}"
+    require(isinstance(e, Mapping), path, f"{where}: an event must be an object", line)
+    fields = e.get("args") if isinstance(e.get("args"), Mapping) else e
+    if "observation" in e:
+        if e["observation"] in _SKIPPED:
+            return None
+        return text_message("user", _text(e.get("content"), path, line, where))
+    action = e.get("action")
+    if action in _SKIPPED:
+        return None
+    thought = _text(fields.get("thought") or fields.get("final_thought"), path, line, where)
+    if action == "message":
+        text = _text(fields.get("content") or e.get("message"), path, line, where)
+        # Legacy events do not say who spoke; the run opens with the user's task.
+        source = e.get("source") or ("user" if first else "agent")
+        return text_message("user" if source == "user" else "assistant", text)
+    if action in _THOUGHT_ONLY:
+        return text_message("assistant", thought)
+    if action in _BLOCKS:
+        tag, key = _BLOCKS[action]
+        require(key in fields, path, f"{where}: {action!r} action without {key!r}", line)
+        body = _text(fields[key], path, line, where)
+        block = f"<{tag}>\n{body}\n</{tag}>"
+        return text_message("assistant", f"{thought}\n{block}" if thought else block)
+    raise TrajectoryFormatError(path, f"{where}: unsupported OpenHands action {action!r}", line)
+
+
+def _text(value: Any, path: Path, line: int | None, where: str) -> str:
+    if value is None:
+        return ""
+    kind = type(value).__name__
+    require(isinstance(value, str), path, f"{where}: expected text, got {kind}", line)
+    return value
