@@ -1,0 +1,147 @@
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from prometheus_client import REGISTRY
+
+from router import (
+    LeastLoadedPolicy,
+    NoHealthyReplica,
+    Replica,
+    ReplicaPool,
+    RoundRobinPolicy,
+    StickyPolicy,
+    UpstreamFailed,
+    with_failover,
+)
+from tests.router.fake_replica import FakeReplica, vllm_metrics_text
+from tests.router.support import MemoryAssignments
+
+StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
+
+
+def retries() -> float:
+    return REGISTRY.get_sample_value("foldgate_router_failover_retries_total") or 0.0
+
+
+def http_attempt(
+    http: aiohttp.ClientSession, tried: list[str]
+) -> Callable[[Replica], Awaitable[str]]:
+    """What the gateway does before streaming: connect, check status, nothing sent yet."""
+
+    async def attempt(replica: Replica) -> str:
+        tried.append(replica.url)
+        assert replica.in_flight == 1
+        try:
+            async with http.post(f"{replica.url}/v1/completions", json={}) as resp:
+                if resp.status >= 500:
+                    raise UpstreamFailed(f"{resp.status}", retryable=True, status=resp.status)
+                return (await resp.json())["replica"]
+        except aiohttp.ClientConnectionError as exc:
+            raise UpstreamFailed(str(exc), retryable=True) from exc
+
+    return attempt
+
+
+async def test_retries_5xx_and_connection_error_on_other_replicas(
+    fake_replicas: StartReplicas,
+) -> None:
+    a, b, c = await fake_replicas(3)
+    for load, r in enumerate((a, b, c)):
+        r.metrics_text = vllm_metrics_text(running=load)  # fixes the order they are tried in
+    a.completion_status = 503
+    async with ReplicaPool([a.url, b.url, c.url], probe_interval_s=60) as pool:
+        await b.stop()  # the pool still believes b is healthy: only the request finds out
+        before = retries()
+        tried: list[str] = []
+        async with aiohttp.ClientSession() as http:
+            served_by = await with_failover(
+                LeastLoadedPolicy(), pool, "t", "s", http_attempt(http, tried)
+            )
+        assert tried == [a.url, b.url, c.url] and served_by == c.url
+        assert retries() == before + 2
+        assert [r.url for r in pool.healthy()] == [c.url]  # failures were reported
+        assert all(r.in_flight == 0 for r in pool.replicas)
+
+
+async def test_sticky_session_moves_off_a_failing_replica(fake_replicas: StartReplicas) -> None:
+    a, b = await fake_replicas(2)
+    assignments = MemoryAssignments()
+    policy = StickyPolicy(assignments)
+    async with ReplicaPool([a.url, b.url], probe_interval_s=60) as pool:
+        async with aiohttp.ClientSession() as http:
+            home = await with_failover(policy, pool, "t", "s", http_attempt(http, []))
+            broken, other = (a, b) if home == a.url else (b, a)
+            broken.completion_status = 500
+            tried: list[str] = []
+            served_by = await with_failover(policy, pool, "t", "s", http_attempt(http, tried))
+        assert tried == [broken.url, other.url] and served_by == other.url
+        assert await assignments.get_assignment("t", "s") == other.url
+
+
+async def test_no_retry_after_bytes_were_sent(fake_replicas: StartReplicas) -> None:
+    a, b = await fake_replicas(2)
+    async with ReplicaPool([a.url, b.url], probe_interval_s=60) as pool:
+        tried: list[str] = []
+
+        async def attempt(replica: Replica) -> str:
+            tried.append(replica.url)
+            raise UpstreamFailed("stream cut mid-answer", retryable=False)
+
+        with pytest.raises(UpstreamFailed, match="stream cut"):
+            await with_failover(LeastLoadedPolicy(), pool, "t", "s", attempt)
+        assert len(tried) == 1
+        assert not pool.get(tried[0]).healthy
+
+
+async def test_attempts_are_bounded(fake_replicas: StartReplicas) -> None:
+    replicas = await fake_replicas(4)
+    for r in replicas:
+        r.completion_status = 502
+    async with ReplicaPool([r.url for r in replicas], probe_interval_s=60) as pool:
+        tried: list[str] = []
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(UpstreamFailed) as info:
+                await with_failover(
+                    RoundRobinPolicy(), pool, "t", "s", http_attempt(http, tried), max_attempts=3
+                )
+        assert info.value.status == 502
+        assert len(tried) == 3 and len(set(tried)) == 3
+        assert sum(r.completion_calls for r in replicas) == 3
+
+
+async def test_running_out_of_replicas_raises_the_upstream_error(
+    fake_replicas: StartReplicas,
+) -> None:
+    (a,) = await fake_replicas(1)
+    a.completion_status = 500
+    async with ReplicaPool([a.url], probe_interval_s=60) as pool:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(UpstreamFailed, match="500"):
+                await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
+        # With nothing healthy left, no attempt is made at all.
+        with pytest.raises(NoHealthyReplica):
+            await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
+
+
+async def test_other_exceptions_propagate_without_retry() -> None:
+    pool = ReplicaPool(["http://a:1", "http://b:1"])
+    for r in pool.replicas:
+        r.healthy = True
+    calls = 0
+
+    async def attempt(replica: Replica) -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyError("bug in the gateway")
+
+    with pytest.raises(KeyError):
+        await with_failover(RoundRobinPolicy(), pool, "t", "s", attempt)
+    assert calls == 1 and len(pool.healthy()) == 2
+
+
+async def test_max_attempts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        await with_failover(
+            RoundRobinPolicy(), ReplicaPool(["http://a:1"]), "t", "s", None, max_attempts=0
+        )  # type: ignore[arg-type]
