@@ -15,10 +15,10 @@ class AssignmentStore(Protocol):
 
     async def set_assignment(
         self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
-    ) -> str | None:
-        """Set to `replica` only if the current value equals `expected`; refresh the TTL.
+    ) -> str:
+        """Set to `replica` if the current value equals `expected` (or nothing holds the
+        session any more); refresh the TTL.
 
-        Returns the assignment in force afterwards (the caller's, or the race winner's;
-        None when `expected` had expired meanwhile and nothing was written).
+        Returns the assignment in force afterwards: `replica`, or a concurrent writer's value.
         """
         ...

@@ -27,12 +27,11 @@ class MemoryAssignments:
 
     async def set_assignment(
         self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
-    ) -> str | None:
+    ) -> str:
         current = await self.get_assignment(tenant, session)
-        if current == expected:
-            current = replica
-        if current is not None:
-            self._data[(tenant, session)] = (current, time.monotonic() + ttl_s)
+        if current in (None, expected, replica):
+            self._data[(tenant, session)] = (replica, time.monotonic() + ttl_s)
+            return replica
         return current
 
 
