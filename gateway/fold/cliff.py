@@ -1,0 +1,415 @@
+"""CliffCompaction (Nguyen, Cho, Chen, Dettmers, 2026): never rewrite, only truncate.
+
+The context is left untouched until its token count crosses ``threshold``. Then the
+leading system prompt(s) and the first user message stay verbatim, the last ``keep_turns``
+assistant-led turns stay verbatim (the kept part starts at an assistant message, so no tool
+result loses its call) and everything between becomes ONE user message listing, in order:
+user text (capped), assistant text and thinking (capped), tool calls as signatures
+(``name(arguments cut to 150 chars)``) and tool results verbatim only when they are at
+most 500 characters (longer ones are noted as dropped). Every compaction rebuilds that
+message from the original messages, so summaries never nest. When the result is still over
+the threshold the ladder continues: keep 1 recent turn, then cap thoughts harder, then cut
+the summary oldest-first.
+
+Determinism: the rendering at history length n is defined as the result of applying the
+rule at every point where a model request was made, i.e. before every assistant message,
+and at n. The cut only moves at a point whose context (as rendered then) crossed the
+threshold. The cache holds that state as of the last assistant message, so a call costs
+the token counts of what is new (plus a prefix comparison that checks the cache applies).
+
+Token count = sum of ``count_tokens`` over the rendered messages; tool schemas are not
+counted, so set ``threshold`` below the model window by their size. The render state is
+not used: restores and pins are ReFold's, and a cliff summarises whatever lies in its cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.fold.renderer import (
+    Rendered,
+    Renderer,
+    RenderState,
+    RenderStats,
+    TokenCount,
+    estimate_tokens,
+)
+from gateway.transcript import Message, Opaque, Transcript, observation_indices, text_message
+
+PAPER_THOUGHT_CAP = 300
+
+_RUNG_NOTES = {
+    2: "cliff ladder: kept 1 recent turn",
+    3: "cliff ladder: kept 1 recent turn, thoughts capped harder",
+    4: "cliff ladder: kept 1 recent turn, thoughts capped harder, summary cut oldest-first",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Caps:
+    assistant: int | None
+    thinking: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The compaction state after evaluating the prefix ``messages[:pos]``."""
+
+    pos: int
+    cut: int  # history index where the verbatim tail starts
+    summary: Message | None  # the one user message standing for messages[head:cut]
+    summary_tokens: int
+    kept_tokens: int  # tokens of messages[cut:pos]
+    compactions: int
+    rung: int  # ladder rung that produced the summary (0: none yet)
+    recent_turns: tuple[int, ...]  # the last keep_turns assistant indices in [head, pos)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cache:
+    config: tuple[Any, ...]
+    prefix: tuple[Message, ...]  # messages[:state.pos] the state was computed from
+    head: int
+    head_tokens: int
+    state: _State
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    cut: int
+    summary: Message | None
+    summary_tokens: int
+    kept_tokens: int
+    rung: int
+
+    def total(self, head_tokens: int) -> int:
+        return head_tokens + self.summary_tokens + self.kept_tokens
+
+
+def _non_negative(name: str, value: int | None, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def head_end(messages: Sequence[Message]) -> int:
+    """End of the verbatim head: the leading system messages and the first user message."""
+    i = 0
+    while i < len(messages) and messages[i].role == "system":
+        i += 1
+    if i < len(messages) and messages[i].role == "user":
+        i += 1
+    return i
+
+
+def _lower(cap: int | None, limit: int) -> int:
+    return limit if cap is None else min(cap, limit)
+
+
+def cap_text(text: str, limit: int | None) -> str:
+    """``text`` cut to ``limit`` characters with a marker saying how much went."""
+    if limit is None or len(text) <= limit:
+        return text
+    if limit == 0:
+        return ""  # a cap of 0 leaves the part out
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+class Cliff(Renderer):
+    name = "cliff"
+
+    def __init__(
+        self,
+        threshold: int,
+        keep_turns: int = 3,
+        user_cap: int = 20_000,
+        assistant_cap: int | None = 2_000,
+        thinking_cap: int | None = 2_000,
+        call_arg_cap: int = 150,
+        result_max: int = 500,
+        hard_thought_cap: int = 100,
+        count_tokens: TokenCount = estimate_tokens,
+    ) -> None:
+        _non_negative("threshold", threshold)
+        if threshold == 0:
+            raise ValueError("threshold must be a positive token count, got 0")
+        if isinstance(keep_turns, bool) or not isinstance(keep_turns, int) or keep_turns < 1:
+            raise ValueError(f"keep_turns must be an integer >= 1, got {keep_turns!r}")
+        for name, value in (
+            ("user_cap", user_cap),
+            ("call_arg_cap", call_arg_cap),
+            ("result_max", result_max),
+            ("hard_thought_cap", hard_thought_cap),
+        ):
+            _non_negative(name, value)
+        _non_negative("assistant_cap", assistant_cap, optional=True)
+        _non_negative("thinking_cap", thinking_cap, optional=True)
+        self.threshold = threshold
+        self.keep_turns = keep_turns
+        self.user_cap = user_cap
+        self.call_arg_cap = call_arg_cap
+        self.result_max = result_max
+        self.count_tokens = count_tokens
+        self._caps = _Caps(assistant_cap, thinking_cap)
+        # The ladder's "cap thoughts harder": assistant text and thinking both go down to it.
+        self._hard_caps = _Caps(
+            *(
+                hard_thought_cap if c is None else min(c, hard_thought_cap)
+                for c in (assistant_cap, thinking_cap)
+            )
+        )
+        # A cache made under other parameters is not reused.
+        self._config: tuple[Any, ...] = (
+            threshold,
+            keep_turns,
+            user_cap,
+            self._caps,
+            self._hard_caps,
+            call_arg_cap,
+            result_max,
+            count_tokens,
+        )
+
+    @classmethod
+    def paper(cls, threshold: int, **options: Any) -> Cliff:
+        """The paper's algorithm: assistant text and thinking capped at 300 characters."""
+        options.setdefault("assistant_cap", PAPER_THOUGHT_CAP)
+        options.setdefault("thinking_cap", PAPER_THOUGHT_CAP)
+        return cls(threshold, **options)
+
+    def render(
+        self, history: Transcript, state: RenderState | None = None, cache: Any = None
+    ) -> Rendered:
+        messages = history.messages
+        new_cache, head_tokens, final = self._evaluate(messages, cache)
+        return self._rendered(history, new_cache, head_tokens, final, final.compactions)
+
+    def compact_for_overflow(
+        self, history: Transcript, state: RenderState | None = None, cache: Any = None
+    ) -> Iterator[Rendered]:
+        """Successively smaller renderings for a provider's "context too long" error.
+
+        Walks the ladder from a forced compaction, whatever the threshold says: keep
+        ``keep_turns`` turns, keep 1, cap thoughts harder, cut half the summary, cut all of
+        it. Only renderings smaller than the one before are yielded; the gateway retries
+        with each until one is accepted. The forced compaction is not part of the history's
+        state (the returned cache is the normal one): if it keeps happening, the threshold
+        is above the model's real window.
+        """
+        messages = history.messages
+        new_cache, head_tokens, current = self._evaluate(messages, cache)
+        head = head_end(messages)
+        best = head_tokens + current.summary_tokens + current.kept_tokens
+        for candidate in self._overflow_rungs(messages, head, current):
+            total = candidate.total(head_tokens)
+            if total >= best:
+                continue
+            best = total
+            forced = self._adopt(current, candidate)
+            yield self._rendered(history, new_cache, head_tokens, forced, current.compactions + 1)
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    def _evaluate(self, messages: tuple[Message, ...], cache: Any) -> tuple[_Cache, int, _State]:
+        """(cache to hand back, head tokens, state at len(messages))."""
+        head = head_end(messages)
+        resumed = self._resume(cache, messages, head)
+        if resumed is None:
+            head_tokens = sum(self.count_tokens(m) for m in messages[:head])
+            state = _State(head, head, None, 0, 0, 0, 0, ())
+        else:
+            head_tokens, state = resumed
+        for j in range(state.pos + 1, len(messages)):
+            if messages[j].role == "assistant":
+                state = self._advance(messages, head, head_tokens, state, j)
+        committed = _Cache(self._config, messages[: state.pos], head, head_tokens, state)
+        final = self._advance(messages, head, head_tokens, state, len(messages))
+        return committed, head_tokens, final
+
+    def _resume(
+        self, cache: Any, messages: tuple[Message, ...], head: int
+    ) -> tuple[int, _State] | None:
+        if not isinstance(cache, _Cache) or cache.config != self._config or cache.head != head:
+            return None
+        pos = len(cache.prefix)
+        if pos > len(messages) or messages[:pos] != cache.prefix:
+            return None  # another branch, or a history whose prefix was rewritten
+        return cache.head_tokens, cache.state
+
+    def _advance(
+        self, messages: tuple[Message, ...], head: int, head_tokens: int, state: _State, p: int
+    ) -> _State:
+        """Move the state to the point ``p`` (a request over ``messages[:p]``)."""
+        new = messages[state.pos : p]
+        turns = state.recent_turns + tuple(
+            state.pos + i for i, m in enumerate(new) if m.role == "assistant"
+        )
+        state = replace(
+            state,
+            pos=p,
+            kept_tokens=state.kept_tokens + sum(self.count_tokens(m) for m in new),
+            recent_turns=turns[-self.keep_turns :],
+        )
+        if head_tokens + state.summary_tokens + state.kept_tokens <= self.threshold:
+            return state
+        return self._adopt(state, self._compact(messages, head, head_tokens, state))
+
+    def _adopt(self, state: _State, candidate: _Candidate) -> _State:
+        changed = candidate.cut != state.cut or candidate.summary != state.summary
+        return replace(
+            state,
+            cut=candidate.cut,
+            summary=candidate.summary,
+            summary_tokens=candidate.summary_tokens,
+            kept_tokens=candidate.kept_tokens,
+            rung=candidate.rung if changed else state.rung,
+            compactions=state.compactions + changed,
+        )
+
+    # -- the ladder ---------------------------------------------------------------------
+
+    def _cuts(self, state: _State) -> tuple[int, int]:
+        """Cuts that keep ``keep_turns`` turns and 1 turn; never before the current cut."""
+        turns = state.recent_turns
+        if not turns:
+            return state.cut, state.cut
+        return max(state.cut, turns[0]), max(state.cut, turns[-1])
+
+    def _compact(
+        self, messages: tuple[Message, ...], head: int, head_tokens: int, state: _State
+    ) -> _Candidate:
+        """The first rung that fits under the threshold, else the most aggressive one."""
+        builder = _Builder(self, messages, head, state)
+        cut_k, cut_1 = self._cuts(state)
+        for rung, cut, caps in ((1, cut_k, self._caps), (2, cut_1, self._caps)):
+            candidate = builder.candidate(rung, cut, caps, 0)
+            if candidate.total(head_tokens) <= self.threshold:
+                return candidate
+        entries = builder.entries(cut_1, self._hard_caps)
+        # Rung 3 is rung 4 with nothing dropped: find the fewest oldest entries to drop.
+        lo, hi = 0, len(entries)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            candidate = builder.candidate(4 if mid else 3, cut_1, self._hard_caps, mid)
+            if candidate.total(head_tokens) <= self.threshold:
+                hi = mid
+            else:
+                lo = mid + 1
+        return builder.candidate(4 if lo else 3, cut_1, self._hard_caps, lo)
+
+    def _overflow_rungs(
+        self, messages: tuple[Message, ...], head: int, state: _State
+    ) -> Iterator[_Candidate]:
+        builder = _Builder(self, messages, head, state)
+        cut_k, cut_1 = self._cuts(state)
+        yield builder.candidate(1, cut_k, self._caps, 0)
+        yield builder.candidate(2, cut_1, self._caps, 0)
+        yield builder.candidate(3, cut_1, self._hard_caps, 0)
+        count = len(builder.entries(cut_1, self._hard_caps))
+        yield builder.candidate(4, cut_1, self._hard_caps, count // 2)
+        yield builder.candidate(4, cut_1, self._hard_caps, count)
+
+    # -- output -------------------------------------------------------------------------
+
+    def _rendered(
+        self, history: Transcript, cache: _Cache, head_tokens: int, state: _State, compactions: int
+    ) -> Rendered:
+        messages = history.messages
+        head = cache.head
+        out = list(messages[:head])
+        if state.summary is not None:
+            out.append(state.summary)
+        out.extend(messages[state.cut :])
+        observations = observation_indices(messages)
+        total = head_tokens + state.summary_tokens + state.kept_tokens
+        stats = RenderStats(
+            steps=len(observations),
+            boundary=sum(1 for i in observations if i < state.cut),
+            compactions=compactions,
+            notes=(_RUNG_NOTES[state.rung],) if state.rung in _RUNG_NOTES else (),
+            over_budget=total > self.threshold,
+        )
+        return Rendered(history.with_messages(out), cache, stats)
+
+
+class _Builder:
+    """Builds summary candidates for one compaction at ``state.pos``."""
+
+    def __init__(
+        self, cliff: Cliff, messages: tuple[Message, ...], head: int, state: _State
+    ) -> None:
+        self.cliff = cliff
+        self.messages = messages
+        self.head = head
+        self.state = state
+        # Observations as the prefix shows them (text-action harnesses: user messages).
+        self.observations = frozenset(observation_indices(messages[: state.pos]))
+        self._kept = [cliff.count_tokens(m) for m in messages[state.cut : state.pos]]
+        self._entries: dict[tuple[int, _Caps], list[str]] = {}
+
+    def kept_tokens(self, cut: int) -> int:
+        return sum(self._kept[cut - self.state.cut :])
+
+    def entries(self, cut: int, caps: _Caps) -> list[str]:
+        key = (cut, caps)
+        if key not in self._entries:
+            self._entries[key] = self._summarise(cut, caps)
+        return self._entries[key]
+
+    def candidate(self, rung: int, cut: int, caps: _Caps, drop: int) -> _Candidate:
+        if cut <= self.head:
+            return _Candidate(cut, None, 0, self.kept_tokens(cut), rung)
+        entries = self.entries(cut, caps)
+        lines = [
+            f"[Earlier conversation compacted: {cut - self.head} messages are summarised "
+            f"below, oldest first. Tool calls are shown as signatures; tool results longer "
+            f"than {self.cliff.result_max} characters were dropped.]"
+        ]
+        if drop:
+            lines.append(f"[The {drop} oldest summary entries were cut to fit the context.]")
+        lines.extend(entries[drop:])
+        summary = text_message("user", "\n".join(lines))
+        tokens = self.cliff.count_tokens(summary)
+        return _Candidate(cut, summary, tokens, self.kept_tokens(cut), rung)
+
+    def _summarise(self, cut: int, caps: _Caps) -> list[str]:
+        cliff = self.cliff
+        call_names: dict[str, str] = {}
+        out: list[str] = []
+        for i in range(self.head, cut):
+            m = self.messages[i]
+            if i in self.observations:
+                out.append(self._result(m, call_names))
+            elif m.role == "assistant":
+                thinking = cap_text(m.thinking, caps.thinking)
+                if thinking:
+                    out.append(f"assistant thinking: {thinking}")
+                text = cap_text(m.text, caps.assistant)
+                if text:
+                    out.append(f"assistant: {text}")
+                for call in m.tool_calls:
+                    call_names[call.id] = call.name
+                    out.append(f"call: {call.name}({cap_text(call.arguments, cliff.call_arg_cap)})")
+            else:
+                text = cap_text(m.text, cliff.user_cap)
+                attachments = sum(1 for p in m.parts if isinstance(p, Opaque))
+                if attachments:
+                    text += f" [{attachments} attachment(s) omitted]"
+                if text:
+                    out.append(f"{m.role}: {text}")
+        return out
+
+    def _result(self, m: Message, call_names: dict[str, str]) -> str:
+        if m.role == "tool":
+            label = f"result of {call_names.get(m.tool_call_id or '', 'a tool call')}"
+        else:
+            label = "observation"
+        if m.is_error:
+            label += " (error)"
+        text = m.text
+        if len(text) > self.cliff.result_max:
+            return f"{label}: dropped ({len(text)} characters)"
+        return f"{label}: {text}"
