@@ -1,6 +1,8 @@
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from router import (
@@ -163,3 +165,37 @@ def test_make_policy() -> None:
         make_policy("sticky")
     with pytest.raises(ValueError, match="ttl_s must be positive"):
         make_policy("sticky", assignments=MemoryAssignments(), ttl_s=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 10), min_size=3, max_size=3),
+            st.lists(st.booleans(), min_size=3, max_size=3).filter(any),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    margin=st.integers(0, 5),
+)
+async def test_sticky_invariants_under_changing_health_and_load(
+    steps: list[tuple[list[int], list[bool]]], margin: int
+) -> None:
+    assignments = MemoryAssignments()
+    policy = StickyPolicy(assignments, rehome_margin=margin)
+    pool = static_pool([0, 0, 0])
+    previous: str | None = None
+    for loads, healthy in steps:
+        for replica, load, up in zip(pool.replicas, loads, healthy, strict=True):
+            replica.metrics, replica.healthy = ReplicaMetrics(running=load, waiting=0), up
+        d = await policy.choose("t", "s", pool)
+        least = min(r.load for r in pool.healthy())
+        assert d.replica.healthy
+        assert d.replica.load <= least + margin
+        assert await assignments.get_assignment("t", "s") == d.replica.url
+        # A session moves only when it has to, and every move is recorded.
+        stayed = previous == d.replica.url
+        assert stayed == (d.reason == "sticky")
+        assert d.moved_from == (None if stayed else previous)
+        previous = d.replica.url
