@@ -139,23 +139,15 @@ class StickyPolicy(RoutingPolicy):
         usable = {r.url: r for r in found}
         current = await self._store.get_assignment(tenant, session)
         for _ in range(self._MAX_ROUNDS):
-            if current is None:
-                reason = "new"
-            elif current not in usable:
-                reason = self._why_unusable(pool, current, exclude)
-            elif usable[current].load - best.load > self.rehome_margin:
-                reason = "overloaded"
-            else:
-                # Keep it; the write only refreshes the TTL unless someone moved it meanwhile.
-                target, reason = usable[current], "sticky"
-            if reason != "sticky":
-                target = best
+            reason = self._reason(pool, current, usable, best, exclude)
+            # "sticky" keeps the replica: the write then only refreshes the TTL, unless
+            # another gateway moved the session meanwhile.
+            target = usable[current] if reason == "sticky" and current else best
             winner = await self._store.set_assignment(
                 tenant, session, target.url, expected=current, ttl_s=self.ttl_s
             )
             if winner == target.url:
-                moved_from = current if current not in (None, target.url) else None
-                return Decision(target, reason, moved_from=moved_from)
+                return Decision(target, reason, moved_from=None if reason == "sticky" else current)
             # Another gateway changed the assignment first; follow it when we can use it
             # (its move is already recorded there), else decide again against its value.
             if winner in usable:
@@ -165,14 +157,26 @@ class StickyPolicy(RoutingPolicy):
             f"session {tenant}/{session}: assignment kept changing to unusable replicas"
         )
 
-    @staticmethod
-    def _why_unusable(pool: ReplicaPool, url: str, exclude: Collection[str]) -> str:
-        replica = pool.get(url)
-        if replica is None:
+    def _reason(
+        self,
+        pool: ReplicaPool,
+        current: str | None,
+        usable: dict[str, Replica],
+        best: Replica,
+        exclude: Collection[str],
+    ) -> str:
+        """Why the session goes where it goes: "sticky" keeps `current`, the rest move it."""
+        if current is None:
+            return "new"
+        if pool.get(current) is None:
             return "gone"
-        if url in exclude:
+        if current in exclude:
             return "excluded"
-        return "unhealthy"
+        if current not in usable:
+            return "unhealthy"
+        if usable[current].load - best.load > self.rehome_margin:
+            return "overloaded"
+        return "sticky"
 
 
 _POLICIES: dict[str, type[RoutingPolicy]] = {
