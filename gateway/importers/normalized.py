@@ -30,7 +30,7 @@ def _record(path: Path, line: int, rec: Any) -> Trajectory:
     require(looks_like(rec), path, "not a normalized record (needs 'messages' and 'format')", line)
     fmt = rec["format"]
     require(fmt in FORMATS, path, f"format {fmt!r} is not one of {', '.join(FORMATS)}", line)
-    messages = decode_chat_messages(rec["messages"], path, f"line {line}: ")
+    messages = decode_chat_messages(rec["messages"], path, line)
     found = observation_indices(messages)
     given = rec.get("observation_indices")
     require(
