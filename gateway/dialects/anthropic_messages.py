@@ -1,0 +1,382 @@
+"""Anthropic Messages request bodies <-> the neutral transcript.
+
+Mapping: the top-level ``system`` becomes a leading ``system`` message; ``tool_use`` blocks
+become ToolCalls (``arguments`` = the JSON text of ``input``); the ``tool_result`` blocks of
+a user message become ``tool`` messages placed first, followed by one ``user`` message with
+the message's other blocks; ``thinking`` / ``redacted_thinking`` become Thinking parts;
+images, documents and unknown block types stay Opaque.
+
+``encode_request(decode_request(body)) == body`` for every body this module accepts; the
+hints it needs live under ``meta["anthropic"]``:
+
+- ``content``: "str" / "list" / "absent", only when it differs from the default (one plain
+  text part -> string);
+- ``fields`` (unknown block fields: ``cache_control``, ``citations``, ...) and
+  ``message_fields`` (unknown message fields);
+- on the first message of a split user message: ``group`` (how many neutral messages it
+  became) and ``order`` (the original interleaving of tool results ``t`` and other blocks
+  ``u``, when it was not all results first);
+- ``redacted``: the ``data`` of a redacted_thinking block; ``has_is_error``: an explicit
+  ``is_error: false``.
+
+Re-serialising ``input`` needs no hint: ``json.loads(json.dumps(x)) == x`` for any parsed
+JSON value. A transcript from another dialect encodes to a valid body: leading system
+messages join the top-level ``system``, later ones become user turns, consecutive tool
+results and the user message after them share one user message, empty text parts and
+unsigned thinking (which Anthropic refuses) are left out, tools and parameters converted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gateway.dialects.convert import params_to_anthropic, part_to_anthropic, to_anthropic_tools
+from gateway.dialects.errors import DialectError
+from gateway.dialects.fields import (
+    ANTHROPIC,
+    DIALECT_PARAM,
+    OPENAI,
+    Dialect,
+    check_request_body,
+    expect_bool,
+    expect_list,
+    expect_object,
+    expect_str,
+    extra_fields,
+    hints,
+    make_meta,
+    require,
+)
+from gateway.transcript import Message, Opaque, Part, Text, Thinking, ToolCall, Transcript
+
+_ASSISTANT_ONLY = frozenset({"thinking", "redacted_thinking", "tool_use"})
+_ABSENT = object()
+
+
+def decode_request(body: Any) -> Transcript:
+    """Parse a Messages request body; raises DialectError naming the bad field."""
+    body = check_request_body(body)
+    expect_str(require(body, "model", ""), "model")
+    max_tokens = require(body, "max_tokens", "")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise DialectError("expected an integer", param="max_tokens")
+    messages = expect_list(require(body, "messages", ""), "messages")
+    if not messages:
+        raise DialectError("must contain at least one message", param="messages")
+    params = {k: v for k, v in body.items() if k not in ("messages", "system")}
+    tools: tuple[Mapping[str, Any], ...] = ()
+    if "tools" in body:
+        listed = expect_list(body["tools"], "tools")
+        tools = tuple(expect_object(tool, f"tools[{i}]") for i, tool in enumerate(listed))
+        if tools:  # an empty list stays in params, to be written back as sent
+            del params["tools"]
+    params[DIALECT_PARAM] = ANTHROPIC
+    decoded: list[Message] = []
+    if "system" in body:
+        decoded.append(_decode_system(body["system"]))
+    issued: set[str] = set()
+    for i, raw in enumerate(messages):
+        decoded.extend(_decode_message(raw, f"messages[{i}]", issued))
+    return Transcript(messages=tuple(decoded), tools=tools, params=params)
+
+
+def _decode_system(raw: Any) -> Message:
+    if isinstance(raw, str):
+        return Message(role="system", parts=(Text(raw),))
+    blocks = expect_list(raw, "system")
+    parts: list[Part] = []
+    for j, block in enumerate(blocks):
+        path = f"system[{j}]"
+        if expect_object(block, path).get("type") != "text":
+            raise DialectError("system blocks must be text blocks", param=f"{path}.type")
+        parts.append(_decode_block(block, path, "user", set()))
+    meta = make_meta(ANTHROPIC, content=_form_hint("list", parts))
+    return Message(role="system", parts=tuple(parts), meta=meta)
+
+
+def _decode_message(raw: Any, path: str, issued: set[str]) -> list[Message]:
+    msg = expect_object(raw, path)
+    role = expect_str(require(msg, "role", path), f"{path}.role")
+    if role not in ("user", "assistant"):
+        hint = "; put the system prompt in the top-level 'system' field" * (role == "system")
+        raise DialectError(
+            f"unknown role {role!r}; expected 'user' or 'assistant'{hint}", param=f"{path}.role"
+        )
+    content = require(msg, "content", path)
+    fields = extra_fields(msg, frozenset({"role", "content"}))
+    if isinstance(content, str):
+        return [
+            Message(
+                role=role, parts=(Text(content),), meta=make_meta(ANTHROPIC, message_fields=fields)
+            )
+        ]
+    blocks = expect_list(content, f"{path}.content")
+    results: list[Message] = []
+    parts: list[Part] = []
+    order = ""
+    for j, raw_block in enumerate(blocks):
+        block_path = f"{path}.content[{j}]"
+        block = expect_object(raw_block, block_path)
+        if block.get("type") == "tool_result" and role == "user":
+            results.append(_decode_tool_result(block, block_path, issued))
+            order += "t"
+        else:
+            parts.append(_decode_block(block, block_path, role, issued))
+            order += "u"
+    if not results:
+        meta = make_meta(ANTHROPIC, content=_form_hint("list", parts), message_fields=fields)
+        return [Message(role=role, parts=tuple(parts), meta=meta)]
+    group: list[Message] = list(results)
+    if parts:
+        group.append(Message(role="user", parts=tuple(parts)))
+    first = group[0]
+    first_hints = {
+        **hints(first.meta, ANTHROPIC),
+        "group": len(group),
+        **({"order": order} if order != "t" * len(results) + "u" * len(parts) else {}),
+        **({"message_fields": fields} if fields else {}),
+    }
+    group[0] = Message(
+        role=first.role,
+        parts=first.parts,
+        tool_call_id=first.tool_call_id,
+        is_error=first.is_error,
+        meta={ANTHROPIC: first_hints},
+    )
+    return group
+
+
+def _decode_tool_result(block: Mapping[str, Any], path: str, issued: set[str]) -> Message:
+    call_id = expect_str(require(block, "tool_use_id", path), f"{path}.tool_use_id")
+    if call_id not in issued:
+        raise DialectError(
+            f"tool_use_id {call_id!r} does not answer any earlier assistant tool_use",
+            param=f"{path}.tool_use_id",
+        )
+    is_error = expect_bool(block["is_error"], f"{path}.is_error") if "is_error" in block else False
+    parts: list[Part] = []
+    form = "absent"
+    if "content" in block:
+        content = block["content"]
+        if isinstance(content, str):
+            parts, form = [Text(content)], "str"
+        else:
+            blocks = expect_list(content, f"{path}.content")
+            parts = [
+                _decode_block(b, f"{path}.content[{j}]", "user", issued)
+                for j, b in enumerate(blocks)
+            ]
+            form = "list"
+    meta = make_meta(
+        ANTHROPIC,
+        content=_form_hint(form, parts),
+        fields=extra_fields(block, frozenset({"type", "tool_use_id", "content", "is_error"})),
+        has_is_error=True if "is_error" in block and not is_error else None,
+    )
+    return Message(
+        role="tool", parts=tuple(parts), tool_call_id=call_id, is_error=is_error, meta=meta
+    )
+
+
+def _decode_block(raw: Any, path: str, role: str, issued: set[str]) -> Part:
+    block = expect_object(raw, path)
+    kind = expect_str(require(block, "type", path), f"{path}.type")
+    if kind in _ASSISTANT_ONLY and role != "assistant":
+        raise DialectError(
+            f"{kind} blocks are only allowed in assistant messages", param=f"{path}.type"
+        )
+    if kind == "tool_result":
+        raise DialectError(
+            "tool_result blocks are only allowed in user messages", param=f"{path}.type"
+        )
+
+    def fields(*known: str) -> dict[str, Any]:
+        return extra_fields(block, frozenset({"type", *known}))
+
+    if kind == "text":
+        text = expect_str(require(block, "text", path), f"{path}.text")
+        return Text(text, make_meta(ANTHROPIC, fields=fields("text")))
+    if kind == "thinking":
+        text = expect_str(require(block, "thinking", path), f"{path}.thinking")
+        signature = block.get("signature")
+        if signature is not None:
+            expect_str(signature, f"{path}.signature")
+        meta = make_meta(ANTHROPIC, fields=fields("thinking", "signature"))
+        return Thinking(text, signature, meta)
+    if kind == "redacted_thinking":
+        data = expect_str(require(block, "data", path), f"{path}.data")
+        return Thinking("", None, make_meta(ANTHROPIC, redacted=data, fields=fields("data")))
+    if kind == "tool_use":
+        call_id = expect_str(require(block, "id", path), f"{path}.id")
+        name = expect_str(require(block, "name", path), f"{path}.name")
+        arguments = expect_object(require(block, "input", path), f"{path}.input")
+        issued.add(call_id)
+        meta = make_meta(ANTHROPIC, fields=fields("id", "name", "input"))
+        return ToolCall(call_id, name, json.dumps(arguments, ensure_ascii=False), meta)
+    return Opaque(dict(block))
+
+
+def _is_plain(part: Part) -> bool:
+    return isinstance(part, Text) and not hints(part.meta, ANTHROPIC)
+
+
+def _default_form(parts: Sequence[Part]) -> str:
+    return "str" if len(parts) == 1 and _is_plain(parts[0]) else "list"
+
+
+def _form_hint(form: str, parts: Sequence[Part]) -> str | None:
+    return form if form != _default_form(parts) else None
+
+
+def encode_request(t: Transcript) -> dict[str, Any]:
+    """A Messages body; parameters and tools from another dialect are converted."""
+    params = dict(t.params)
+    source: Dialect = params.pop(DIALECT_PARAM, ANTHROPIC)
+    if source == OPENAI:
+        params = params_to_anthropic(params)
+    lead = 0
+    while lead < len(t.messages) and t.messages[lead].role == "system":
+        lead += 1
+    body: dict[str, Any] = dict(params)
+    if lead:
+        body["system"] = _encode_system(t.messages[:lead], source)
+    body["messages"] = encode_messages(t.messages[lead:], source=source)
+    if t.tools:
+        body["tools"] = to_anthropic_tools(t.tools)
+    return body
+
+
+def _encode_system(messages: Sequence[Message], source: Dialect) -> Any:
+    if len(messages) == 1:
+        m = messages[0]
+        return _encode_content(m.parts, hints(m.meta, ANTHROPIC).get("content"), source)
+    return [b for m in messages for b in _encode_blocks(m.parts, source)]
+
+
+def encode_messages(
+    messages: Sequence[Message], *, source: Dialect = ANTHROPIC
+) -> list[dict[str, Any]]:
+    """Neutral messages (no leading system prompt) as Messages API messages.
+
+    ``source`` is the dialect the messages were decoded from; for another one, parts that
+    Anthropic refuses (empty text, unsigned thinking) are left out. Tool results are grouped
+    into user messages as they were sent (``group`` hint), else with the user message that
+    follows them; a system message here becomes a user turn.
+    """
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m.role != "tool":
+            role = "user" if m.role == "system" else m.role
+            h = hints(m.meta, ANTHROPIC)
+            content = _encode_content(m.parts, h.get("content"), source)
+            out.append({**h.get("message_fields", {}), "role": role, "content": content})
+            i += 1
+            continue
+        h = hints(m.meta, ANTHROPIC)
+        size = h.get("group")
+        end = i
+        while (
+            end < len(messages)
+            and messages[end].role == "tool"
+            and (size is None or end - i < size)
+        ):
+            end += 1
+        user = None
+        if (
+            end < len(messages)
+            and messages[end].role == "user"
+            and (size is None or end - i < size)
+        ):
+            user = messages[end]
+        out.append(_encode_group(messages[i:end], user, h, source))
+        i = end + (user is not None)
+    return out
+
+
+def _encode_group(
+    results: Sequence[Message], user: Message | None, h: Mapping[str, Any], source: Dialect
+) -> dict[str, Any]:
+    encoded = [_encode_tool_result(m, source) for m in results]
+    others = _encode_blocks(user.parts, source) if user is not None else []
+    order = h.get("order")
+    if order and order.count("t") == len(encoded) and order.count("u") == len(others):
+        queues = {"t": iter(encoded), "u": iter(others)}
+        blocks = [next(queues[c]) for c in order]
+    else:
+        blocks = [*encoded, *others]
+    return {**h.get("message_fields", {}), "role": "user", "content": blocks}
+
+
+def _encode_tool_result(m: Message, source: Dialect) -> dict[str, Any]:
+    h = hints(m.meta, ANTHROPIC)
+    block: dict[str, Any] = {
+        **h.get("fields", {}),
+        "type": "tool_result",
+        "tool_use_id": m.tool_call_id,
+    }
+    content = _encode_content(m.parts, h.get("content"), source)
+    if content is not _ABSENT:
+        block["content"] = content
+    if m.is_error or h.get("has_is_error"):
+        block["is_error"] = m.is_error
+    return block
+
+
+def _encode_content(parts: Sequence[Part], form: str | None, source: Dialect) -> Any:
+    # A hint only applies while it still fits the parts (a renderer may have changed them).
+    if form == "absent" and not parts:
+        return _ABSENT
+    if form == "list":
+        return _encode_blocks(parts, source)
+    if (
+        len(parts) == 1
+        and _is_plain(parts[0])
+        and (form == "str" or source == ANTHROPIC or parts[0].text)
+    ):  # type: ignore[union-attr]
+        return parts[0].text  # type: ignore[union-attr]
+    return _encode_blocks(parts, source)
+
+
+def _encode_blocks(parts: Iterable[Part], source: Dialect) -> list[dict[str, Any]]:
+    native = source == ANTHROPIC
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, Opaque):
+            blocks.append(part_to_anthropic(part.data))
+            continue
+        h = hints(part.meta, ANTHROPIC)
+        fields = h.get("fields", {})
+        if isinstance(part, Text):
+            if native or part.text:
+                blocks.append({**fields, "type": "text", "text": part.text})
+        elif isinstance(part, ToolCall):
+            blocks.append(
+                {
+                    **fields,
+                    "type": "tool_use",
+                    "id": part.id,
+                    "name": part.name,
+                    "input": _input(part.arguments),
+                }
+            )
+        elif "redacted" in h:
+            blocks.append({**fields, "type": "redacted_thinking", "data": h["redacted"]})
+        elif native or part.signature is not None:
+            block = {**fields, "type": "thinking", "thinking": part.text}
+            if part.signature is not None:
+                block["signature"] = part.signature
+            blocks.append(block)
+    return blocks
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """``tool_use.input`` must be an object; arguments that are not one are kept as text."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"_raw_arguments": arguments}
