@@ -10,7 +10,7 @@ sticky replica). The result holds per-request series and per-strategy totals.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -77,7 +77,7 @@ class SessionRun:
     cached: list[int] = field(default_factory=list)  # of which served from the prefix cache
     rewrites: int = 0
     over_budget: int = 0
-    compactions: int = 0
+    compactions: int = 0  # over the session
     stubs: int = 0  # in the final rendering
     folded_steps: int = 0  # in the final rendering
 
@@ -205,8 +205,14 @@ def replay_session(
             run.rewrites += 1
         if config.budget is not None and result.prompt_tokens > config.budget:
             run.over_budget += 1
-        run.compactions += rendered.stats.compactions
-        run.stubs, run.folded_steps = rendered.stats.stubs, rendered.stats.folded_steps
+        # RenderStats counts compactions over the session so far, stubs and folded steps in
+        # this rendering: the final request's values describe the session.
+        stats = rendered.stats
+        run.compactions, run.stubs, run.folded_steps = (
+            stats.compactions,
+            stats.stubs,
+            stats.folded_steps,
+        )
         previous = messages
         if on_request is not None:
             on_request()
@@ -235,38 +241,50 @@ def _totals(strategy: str, runs: list[SessionRun], kv_bytes: int) -> StrategyTot
     )
 
 
-def default_renderer_factory() -> RendererFactory:
-    from gateway.fold import make_renderer
+def build_renderers(
+    config: ReplayConfig, chat: ChatTokenizer, make_renderer: RendererFactory | None = None
+) -> dict[str, Renderer]:
+    """One renderer per strategy (shared by all sessions: caches are kept per session).
 
-    return make_renderer
+    ``make_renderer(spec, k=..., budget=..., count_tokens=...)`` defaults to the registry in
+    ``gateway.fold``; an unknown spec raises its ``ValueError``. Renderers count tokens with
+    ``chat`` so their budgets use the replay's tokenizer (and share its memo).
+    """
+    if make_renderer is None:
+        from gateway.fold import make_renderer
+    count_tokens: TokenCount = chat.message_count
+    return {
+        s: make_renderer(s, k=config.k, budget=config.budget, count_tokens=count_tokens)
+        for s in config.strategies
+    }
 
 
 def replay(
     trajectories: Iterable[TrajectoryLike],
     chat: ChatTokenizer,
     config: ReplayConfig,
-    make_renderer: RendererFactory | None = None,
+    renderers: Mapping[str, Renderer] | None = None,
     on_request: Callable[[], None] | None = None,
 ) -> ReplayResult:
     """Replay every trajectory under every strategy of ``config``.
 
-    ``make_renderer(spec, k=..., budget=..., count_tokens=...)`` builds a renderer; it
-    defaults to the registry in ``gateway.fold``. Renderers count tokens with ``chat`` so
-    their budgets use the replay's tokenizer (and share its memo).
+    ``renderers`` maps each strategy to its renderer; by default :func:`build_renderers`.
+    ``on_request`` is called after each rendered request (progress bars).
     """
-    factory = make_renderer or default_renderer_factory()
-    count_tokens: TokenCount = chat.message_count
-    renderers = {
-        s: factory(s, k=config.k, budget=config.budget, count_tokens=count_tokens)
-        for s in config.strategies
-    }
+    if renderers is None:
+        renderers = build_renderers(config, chat)
+    missing = [s for s in config.strategies if s not in renderers]
+    if missing:
+        raise ValueError(f"no renderer for strategy {', '.join(missing)}")
     runs: list[SessionRun] = []
     fold_active: list[str] = []
     for trajectory in trajectories:
         if carries_fold_lines(trajectory.transcript):
             fold_active.append(trajectory.id)
-        for strategy, renderer in renderers.items():
-            runs.append(replay_session(trajectory, renderer, strategy, chat, config, on_request))
+        for strategy in config.strategies:
+            runs.append(
+                replay_session(trajectory, renderers[strategy], strategy, chat, config, on_request)
+            )
     result = ReplayResult(
         tokenizer=chat.counter.name,
         tokenizer_is_estimate=chat.counter.is_estimate,

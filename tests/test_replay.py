@@ -3,10 +3,12 @@ from typing import Any
 
 import pytest
 
+from gateway.fold import make_renderer
 from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
 from gateway.replay import (
     GIB,
     ReplayConfig,
+    build_renderers,
     carries_fold_lines,
     replay,
     requests_of,
@@ -24,13 +26,6 @@ class CharCounter(TokenCounter):
         return [ord(c) for c in text]
 
 
-class StandInBase(Renderer):
-    name = "base"
-
-    def render(self, history: Transcript, state: RenderState | None = None, cache: Any = None):
-        return Rendered(transcript=history, cache=cache)
-
-
 class LastTwo(Renderer):
     """Keeps only the newest two messages once there are more than two: rewrites the prefix."""
 
@@ -40,11 +35,12 @@ class LastTwo(Renderer):
         msgs = history.messages
         if len(msgs) <= 2:
             return Rendered(transcript=history, cache=cache)
-        return Rendered(history.with_messages(msgs[-2:]), cache, RenderStats(compactions=1))
+        stats = RenderStats(compactions=len(msgs) // 2 - 1)  # cumulative, as RenderStats counts
+        return Rendered(history.with_messages(msgs[-2:]), cache, stats)
 
 
-def stand_in_factory(spec: str, **_: Any) -> Renderer:
-    return {"base": StandInBase, "last2": LastTwo}[spec]()
+def factory(spec: str, **kwargs: Any) -> Renderer:
+    return LastTwo() if spec == "last2" else make_renderer(spec, **kwargs)
 
 
 @dataclass
@@ -70,6 +66,11 @@ MSGS = (
 TRAJ = Traj("t1", "test", Transcript(messages=MSGS))
 
 
+def run_replay(cfg: ReplayConfig):
+    chat = ChatTokenizer(CharCounter())
+    return replay([TRAJ], chat, cfg, build_renderers(cfg, chat, factory))
+
+
 def size(msgs: tuple[Message, ...]) -> int:
     return sum(len(serialize_message(m)) for m in msgs) + len(GENERATION_PROMPT)
 
@@ -82,7 +83,7 @@ def test_requests_are_the_prefixes_before_each_reply() -> None:
 
 def test_base_replay_numbers_by_hand() -> None:
     cfg = ReplayConfig(strategies=("base",), block_size=1, kv_bytes_per_token=1024)
-    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    result = run_replay(cfg)
     (run,) = result.runs
     p = [size(MSGS[:2]), size(MSGS[:4]), size(MSGS[:6])]
     assert run.context == p
@@ -100,7 +101,7 @@ def test_base_replay_numbers_by_hand() -> None:
 
 def test_block_size_rounds_hits_down_to_full_blocks() -> None:
     cfg = ReplayConfig(strategies=("base",), block_size=16)
-    (run,) = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory).runs
+    (run,) = run_replay(cfg).runs
     p0, p1 = size(MSGS[:2]), size(MSGS[:4])
     assert run.cached[1:] == [p0 // 16 * 16, p1 // 16 * 16]
 
@@ -108,7 +109,7 @@ def test_block_size_rounds_hits_down_to_full_blocks() -> None:
 def test_rewrites_budget_and_compactions_are_counted() -> None:
     budget = size(MSGS[:2]) + 1
     cfg = ReplayConfig(strategies=("base", "last2"), block_size=1, budget=budget)
-    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    result = run_replay(cfg)
     base, last2 = result.runs
     assert base.over_budget == 2  # requests 2 and 3 exceed the budget
     assert last2.strategy == "last2"
@@ -119,7 +120,7 @@ def test_rewrites_budget_and_compactions_are_counted() -> None:
 
 def test_fold_operator_note() -> None:
     cfg = ReplayConfig(strategies=("base",))
-    result = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory)
+    result = run_replay(cfg)
     assert "fold inactive: no PROGRESS/STALE lines" in result.operators_note()
     folding = text_message("assistant", "PROGRESS: read a.py\nSTALE: 0\nnext")
     assert carries_fold_lines(Transcript(messages=(folding,)))
@@ -128,7 +129,7 @@ def test_fold_operator_note() -> None:
 
 def test_json_has_totals_and_series() -> None:
     cfg = ReplayConfig(strategies=("base",), block_size=1)
-    out = replay([TRAJ], ChatTokenizer(CharCounter()), cfg, stand_in_factory).to_json()
+    out = run_replay(cfg).to_json()
     assert out["tokenizer"] == "chars"
     assert out["totals"]["base"]["requests"] == 3
     assert out["sessions"][0]["context"] == [size(MSGS[:2]), size(MSGS[:4]), size(MSGS[:6])]

