@@ -1,0 +1,301 @@
+"""The session store contract: one async interface, two backends (Redis, SQLite).
+
+Model (both backends):
+- A session holds branches. A branch is (parent branch, fork index, own messages): its
+  history is the parent's first ``fork_index`` messages followed by its own. The first
+  branch of a session is 0 and has no parent. Branches only ever grow.
+- ``ingest`` takes the whole history a harness sent. The branch it extends is the longest
+  stored branch whose history is a prefix of what was sent (ties: the session's head, the
+  branch most recently ingested into). Equal length means an identical re-send: nothing is
+  appended. When no branch is a prefix, a new branch forks from the branch sharing the
+  longest common prefix (possibly with no own messages, when the harness re-sent a shorter
+  history). Prefixes are compared by chained 128-bit digests, so a check is O(1).
+- ``step_count`` is the number of messages in the branch's history after the call.
+- Gateway-made turns (restore exchanges) are kept beside the harness history, keyed by the
+  index of the history message they follow, so ingest digests keep matching what the
+  harness re-sends. A fork inherits its parent's gateway turns that follow a message
+  inside the shared prefix (``after_index < fork_index``).
+- Render state is one opaque byte string per branch with a version (0 = never written);
+  ``put_state`` is a compare-and-set that raises ``VersionConflict``. Forks start empty.
+- Every call on a session refreshes its TTL. The size cap counts stored history bytes
+  (message bodies, blobs, gateway turns), not render state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from store import codec
+
+DEFAULT_TTL_S = 7 * 24 * 3600.0
+DEFAULT_MAX_SESSION_BYTES = 64 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 2.0
+MAX_ID_LEN = 512
+
+Message = Mapping[str, Any]
+
+
+class StoreError(Exception):
+    """Base of every error the store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend cannot be reached or did not answer in time; nothing was written."""
+
+
+class SessionTooLarge(StoreError):
+    """The write would take the session past its size cap; nothing was written."""
+
+
+class NotFound(StoreError):
+    """The session or branch does not exist (or has expired)."""
+
+
+class VersionConflict(StoreError):
+    """``put_state`` lost a race: the stored version is not the expected one."""
+
+    def __init__(self, expected: int, current: int) -> None:
+        super().__init__(f"render state version is {current}, expected {expected}")
+        self.expected = expected
+        self.current = current
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    branch_id: int
+    step_count: int
+    appended: int
+    new_branch: bool
+
+    @property
+    def first_new(self) -> int:
+        """Index of the first message this call stored (== step_count when none)."""
+        return self.step_count - self.appended
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHistory:
+    branch_id: int
+    messages: tuple[dict[str, Any], ...]
+    gateway_turns: Mapping[int, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    parent: int | None = None
+    fork_index: int = 0
+
+
+def check_id(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_ID_LEN:
+        raise ValueError(f"{kind} is {len(value)} characters long; the limit is {MAX_ID_LEN}")
+    if "\x00" in value:
+        raise ValueError(f"{kind} must not contain NUL characters")
+    return value
+
+
+def check_branch(branch: object) -> int:
+    if not isinstance(branch, int) or isinstance(branch, bool) or branch < 0:
+        raise ValueError(f"branch id must be a non-negative int, got {branch!r}")
+    return branch
+
+
+def check_turns(after_index: object, messages: Sequence[Message]) -> None:
+    if not isinstance(after_index, int) or isinstance(after_index, bool) or after_index < 0:
+        raise ValueError(f"after_index must be a non-negative int, got {after_index!r}")
+    if not messages:
+        raise ValueError("append_gateway_turns needs at least one message")
+
+
+def bad_after_index(after_index: int, branch: int, length: int) -> ValueError:
+    return ValueError(f"after_index {after_index} is outside branch {branch} ({length} messages)")
+
+
+def ancestry(
+    branches: Mapping[int, tuple[int, int, int]], branch: int
+) -> list[tuple[int, int, int]]:
+    """Where a branch's history lives: (branch, first index, end) from the root down.
+
+    ``branches`` maps id -> (parent or -1, fork index, length). An ancestor's part ends at
+    its child's fork index, and may be empty when the child forked inside the ancestor's
+    own inherited prefix.
+    """
+    segments: list[tuple[int, int, int]] = []
+    cur, end = branch, branches[branch][2]
+    while cur >= 0:
+        parent, fork, _ = branches[cur]
+        start = min(fork, end)
+        segments.append((cur, start, end))
+        cur, end = parent, start
+    segments.reverse()
+    return segments
+
+
+def assemble(
+    session: str,
+    branch: int,
+    branches: Mapping[int, tuple[int, int, int]],
+    bodies: Sequence[bytes],
+    turns: Sequence[tuple[int, bytes]],
+    fetch_blob: Callable[[bytes], bytes | None],
+) -> StoredHistory:
+    """Decode a loaded branch; ``turns`` are (after_index, packed message) in record order."""
+    texts: dict[bytes, str] = {}
+
+    def blob(ref: bytes) -> str:
+        if ref not in texts:
+            data = fetch_blob(ref)
+            if data is None:
+                raise NotFound(f"session {session!r} lost blob {ref.hex()}")
+            texts[ref] = codec.decode_blob(data)
+        return texts[ref]
+
+    gateway: dict[int, list[dict[str, Any]]] = {}
+    for after, body in turns:
+        gateway.setdefault(after, []).append(codec.unpack_message(body, blob))
+    parent, fork, _ = branches[branch]
+    return StoredHistory(
+        branch_id=branch,
+        messages=tuple(codec.unpack_message(body, blob) for body in bodies),
+        gateway_turns={k: tuple(v) for k, v in sorted(gateway.items())},
+        parent=parent if parent >= 0 else None,
+        fork_index=fork,
+    )
+
+
+def too_large(tenant: str, session: str, stored: int, adding: int, cap: int) -> SessionTooLarge:
+    return SessionTooLarge(
+        f"session {session!r} of tenant {tenant!r} would grow to {stored + adding} bytes "
+        f"({stored} stored + {adding} new), over the {cap}-byte cap"
+    )
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request's messages, packed, with the chained digest at every position."""
+
+    packed: list[codec.PackedMessage]
+    chains: list[bytes]
+    known_stored: int  # leading messages this process already saw stored (a hint only)
+
+
+@dataclass(slots=True)
+class _Seen:
+    messages: list[Message]
+    packed: list[codec.PackedMessage]
+    chains: list[bytes]
+
+
+class DigestCache:
+    """Per-process memory of each session's last ingested request.
+
+    Harnesses re-send the whole history every step; comparing dicts for equality is far
+    cheaper than re-encoding and re-hashing them, so only the new suffix is packed. The
+    cache never decides correctness: the backend still checks the chained digests.
+    """
+
+    def __init__(self, max_sessions: int = 128) -> None:
+        self._max = max_sessions
+        self._seen: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
+
+    def prepare(self, tenant: str, session: str, messages: Sequence[Message]) -> Prepared:
+        if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+            raise TypeError("ingest expects a sequence of message dicts")
+        if not messages:
+            raise ValueError("cannot ingest an empty history: a request has at least one message")
+        key = (tenant, session)
+        seen = self._seen.get(key)
+        same = 0
+        if seen is not None:
+            for new, old in zip(messages, seen.messages, strict=False):
+                if new != old:
+                    break
+                same += 1
+        packed = seen.packed[:same] if seen else []
+        chains = seen.chains[:same] if seen else []
+        prev = chains[-1] if chains else b""
+        for message in messages[same:]:
+            p = codec.pack_message(message)
+            prev = codec.chain(prev, p.digest)
+            packed.append(p)
+            chains.append(prev)
+        self._seen[key] = _Seen(list(messages), packed, chains)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        return Prepared(packed, chains, same)
+
+    def forget(self, tenant: str, session: str) -> None:
+        self._seen.pop((tenant, session), None)
+
+
+class SessionStore(ABC):
+    """Append-only session histories, render state and the router's assignment map."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES,
+        digest_cache_sessions: int = 128,
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        if max_session_bytes <= 0:
+            raise ValueError(f"max_session_bytes must be positive, got {max_session_bytes}")
+        self.ttl_s = ttl_s
+        self.max_session_bytes = max_session_bytes
+        self._digests = DigestCache(digest_cache_sessions)
+
+    @abstractmethod
+    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+        """Store the history a harness sent; see the module doc for which branch it lands on."""
+
+    @abstractmethod
+    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
+        """A branch's full history (``None``: the session's head); ``NotFound`` if absent."""
+
+    @abstractmethod
+    async def append_gateway_turns(
+        self, tenant: str, session: str, branch: int, after_index: int, messages: Sequence[Message]
+    ) -> None:
+        """Record gateway-made turns after history message ``after_index`` of ``branch``."""
+
+    @abstractmethod
+    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
+        """The branch's render state as (version, data); (0, None) when never written."""
+
+    @abstractmethod
+    async def put_state(
+        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
+    ) -> int:
+        """Write render state if the stored version is ``expected_version``; new version."""
+
+    @abstractmethod
+    async def get_assignment(self, tenant: str, session: str) -> str | None:
+        """The replica the session is assigned to, or None."""
+
+    @abstractmethod
+    async def set_assignment(
+        self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
+    ) -> str:
+        """Set the assignment to ``replica`` if it currently is ``expected`` and refresh its TTL.
+
+        An absent (expired) assignment is free to take whatever ``expected`` says, since no
+        one holds it. Returns the assignment in force afterwards: ``replica``, or the value a
+        concurrent writer set.
+        """
+
+    @abstractmethod
+    async def list_sessions(self, tenant: str) -> list[str]:
+        """The tenant's live sessions, least recently used first."""
+
+    @abstractmethod
+    async def delete_session(self, tenant: str, session: str) -> bool:
+        """Remove everything stored for a session; False if there was nothing."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections; the store must not be used afterwards."""

@@ -1,0 +1,155 @@
+"""Lua scripts that make every Redis write of the session store atomic.
+
+All scripts take the six keys of one session (one hash tag, so they run on one Cluster
+shard): meta, chain, msgs, blobs, gw, state. Each checks everything before its first write,
+so an error reply never leaves a partial write behind.
+
+meta (hash): nb (branch count), head, bytes, and per branch b: p<b> parent, f<b> fork
+index, l<b> history length. chain / msgs (hash): "<b>:<i>" -> chained digest / packed
+message at history index i, for a branch's own messages only. blobs: digest -> blob.
+gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: "<b>:v", "<b>:d".
+"""
+
+_COMMON = """
+local meta, chainkey, msgs, blobs, gw, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local function touch(ttl)
+  for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+"""
+
+# ARGV: ttl_ms, max_bytes, chained digests (16 bytes each, one per sent message),
+# k (index of the first body sent), m (number of bodies), m bodies, then blob pairs.
+# Replies: {'ok', branch, length, appended, new_branch} | {'need', index} |
+# {'too_large', stored, adding}.
+INGEST = (
+    _COMMON
+    + """
+local ttl, maxb, chains = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local n, k, m = #chains / 16, tonumber(ARGV[4]), tonumber(ARGV[5])
+local function c(i) return string.sub(chains, i * 16 + 1, i * 16 + 16) end
+
+local flat = redis.call('HGETALL', meta)
+local h = {}
+for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+local nb, head = tonumber(h['nb'] or '0'), tonumber(h['head'] or '-1')
+local bytes = tonumber(h['bytes'] or '0')
+local par, fork, len = {}, {}, {}
+for b = 0, nb - 1 do
+  par[b], fork[b], len[b] = tonumber(h['p' .. b]), tonumber(h['f' .. b]), tonumber(h['l' .. b])
+end
+local function chain_at(b, p)
+  while p < fork[b] do b = par[b] end
+  return redis.call('HGET', chainkey, b .. ':' .. p)
+end
+
+-- the longest branch whose history is a prefix of the request (ties: the head)
+local best, bestlen = -1, 0
+for b = 0, nb - 1 do
+  local L = len[b]
+  local better = L > bestlen or (L == bestlen and b == head)
+  if L <= n and better and chain_at(b, L - 1) == c(L - 1) then best, bestlen = b, L end
+end
+if best >= 0 and bestlen == n then
+  redis.call('HSET', meta, 'head', best)
+  touch(ttl)
+  return {'ok', best, n, 0, 0}
+end
+
+local target, from, parent, newb = best, bestlen, -1, 0
+if best < 0 then
+  -- diverged: fork from the branch sharing the longest common prefix (binary search,
+  -- since a matching chained digest at p implies every earlier one matches)
+  from, newb, target = 0, 1, nb
+  for b = 0, nb - 1 do
+    local lo, hi = 0, math.min(len[b], n)
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      if chain_at(b, mid - 1) == c(mid - 1) then lo = mid else hi = mid - 1 end
+    end
+    if lo > from or (lo == from and lo > 0 and b == head) then from, parent = lo, b end
+  end
+end
+if k > from then return {'need', from} end
+if m ~= n - k then return redis.error_reply('ingest: expected ' .. (n - k) .. ' bodies') end
+
+local add = 0
+for i = from, n - 1 do add = add + #ARGV[6 + i - k] + 16 end
+local newblobs = {}
+for j = 6 + m, #ARGV, 2 do
+  local d = ARGV[j]
+  if newblobs[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
+    newblobs[d] = ARGV[j + 1]
+    add = add + #ARGV[j + 1] + 16
+  end
+end
+if bytes + add > maxb then return {'too_large', bytes, add} end
+
+if newb == 1 then
+  redis.call('HSET', meta, 'p' .. target, parent, 'f' .. target, from, 'nb', nb + 1)
+end
+redis.call('HSET', meta, 'l' .. target, n, 'head', target, 'bytes', bytes + add)
+for i = from, n - 1 do
+  redis.call('HSET', chainkey, target .. ':' .. i, c(i))
+  redis.call('HSET', msgs, target .. ':' .. i, ARGV[6 + i - k])
+end
+for d, v in pairs(newblobs) do redis.call('HSET', blobs, d, v) end
+touch(ttl)
+return {'ok', target, n, n - from, newb}
+"""
+)
+
+# ARGV: ttl_ms, max_bytes, branch, after_index, m, m packed envelopes, then blob pairs.
+# Replies: {'ok'} | {'no_branch'} | {'bad_index', length} | {'too_large', stored, adding}.
+GATEWAY_TURNS = (
+    _COMMON
+    + """
+local ttl, maxb, b, after, m = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
+  tonumber(ARGV[5])
+local l = redis.call('HGET', meta, 'l' .. b)
+if not l then return {'no_branch'} end
+if after >= tonumber(l) then return {'bad_index', tonumber(l)} end
+local bytes = tonumber(redis.call('HGET', meta, 'bytes') or '0')
+local add = 0
+for i = 1, m do add = add + #ARGV[5 + i] end
+local newblobs = {}
+for j = 6 + m, #ARGV, 2 do
+  local d = ARGV[j]
+  if newblobs[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
+    newblobs[d] = ARGV[j + 1]
+    add = add + #ARGV[j + 1] + 16
+  end
+end
+if bytes + add > maxb then return {'too_large', bytes, add} end
+local seq = redis.call('HINCRBY', gw, b .. ':n', m) - m
+for i = 1, m do redis.call('HSET', gw, b .. ':' .. (seq + i - 1), ARGV[5 + i]) end
+for d, v in pairs(newblobs) do redis.call('HSET', blobs, d, v) end
+redis.call('HSET', meta, 'bytes', bytes + add)
+touch(ttl)
+return {'ok'}
+"""
+)
+
+# ARGV: ttl_ms, branch, expected version, data. Replies: {'ok', version} |
+# {'conflict', version} | {'no_branch'}.
+PUT_STATE = (
+    _COMMON
+    + """
+local ttl, b, expected = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return {'no_branch'} end
+local v = tonumber(redis.call('HGET', st, b .. ':v') or '0')
+if v ~= expected then return {'conflict', v} end
+redis.call('HSET', st, b .. ':v', v + 1, b .. ':d', ARGV[4])
+touch(ttl)
+return {'ok', v + 1}
+"""
+)
+
+# KEYS: the assignment key. ARGV: has_expected ('1'/'0'), expected, replica, ttl_ms.
+SET_ASSIGNMENT = """
+local cur = redis.call('GET', KEYS[1])
+if cur == false or cur == ARGV[3] or (ARGV[1] == '1' and cur == ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+  return ARGV[3]
+end
+return cur
+"""

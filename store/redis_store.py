@@ -1,0 +1,298 @@
+"""Redis backend: redis-py asyncio + hiredis, one pool per store, atomic Lua writes.
+
+Keys of one session share the hash tag ``{<tenant>/<session>}`` (Cluster-safe) and are
+namespaced by tenant; the tenant's session index lives under its own tag and is kept
+best-effort beside the atomic per-session writes (a session is listed after its first
+successful ingest). Layout: see ``store.redis_lua``. Create one store per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from store import codec, redis_lua
+from store.base import (
+    DEFAULT_TIMEOUT_S,
+    IngestResult,
+    Message,
+    NotFound,
+    SessionStore,
+    StoredHistory,
+    StoreUnavailable,
+    VersionConflict,
+    ancestry,
+    assemble,
+    bad_after_index,
+    check_branch,
+    check_id,
+    check_turns,
+    too_large,
+)
+
+_SESSION_KEYS = ("meta", "chain", "msgs", "blobs", "gw", "state")
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, TimeoutError, OSError)
+_MAX_NEED_ROUNDS = 4  # a concurrent fork can move the needed index; a few retries suffice
+
+
+def _esc(value: str) -> str:
+    # ``{`` ``}`` would break the hash tag and ``/`` the tenant/session separation
+    return value.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace("/", "%2F")
+
+
+class RedisStore(SessionStore):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        namespace: str = "fg",
+        max_connections: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._ns = namespace
+        self._where = url.split("@")[-1]  # never echo a password in errors
+        # No client-side retries: a retried gateway-turn append or CAS could apply twice.
+        # Stale pooled connections (after a Redis restart) are replaced at checkout.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            max_connections=max_connections,
+        )
+        self._ingest = self._redis.register_script(redis_lua.INGEST)
+        self._gateway_turns = self._redis.register_script(redis_lua.GATEWAY_TURNS)
+        self._put_state = self._redis.register_script(redis_lua.PUT_STATE)
+        self._set_assignment = self._redis.register_script(redis_lua.SET_ASSIGNMENT)
+
+    # -- keys --------------------------------------------------------------------------
+    def _keys(self, tenant: str, session: str) -> list[str]:
+        t, s = _esc(check_id("tenant", tenant)), _esc(check_id("session", session))
+        tag = f"{self._ns}:{{{t}/{s}}}"
+        return [f"{tag}:{name}" for name in _SESSION_KEYS]
+
+    def _assignment_key(self, tenant: str, session: str) -> str:
+        return self._keys(tenant, session)[0][: -len("meta")] + "asg"
+
+    def _index_key(self, tenant: str) -> str:
+        return f"{self._ns}:{{t:{_esc(check_id('tenant', tenant))}}}:sessions"
+
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl_s * 1000))
+
+    @asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                yield
+        except _UNAVAILABLE as e:
+            raise StoreUnavailable(f"redis at {self._where} is unavailable: {e!r}") from e
+
+    # -- history -----------------------------------------------------------------------
+    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+        keys = self._keys(tenant, session)
+        prep = self._digests.prepare(tenant, session, messages)
+        n = len(prep.packed)
+        chains = b"".join(prep.chains)
+        start = prep.known_stored if prep.known_stored else n
+        async with self._guard():
+            for _ in range(_MAX_NEED_ROUNDS):
+                args: list[Any] = [self._ttl_ms, self.max_session_bytes, chains, start, n - start]
+                blobs: dict[bytes, bytes] = {}
+                for p in prep.packed[start:]:
+                    args.append(p.body)
+                    for ref, text in p.blobs.items():
+                        if ref not in blobs:
+                            blobs[ref] = codec.encode_blob(text)
+                for ref, data in blobs.items():
+                    args += (ref, data)
+                reply = await self._ingest(keys=keys, args=args)
+                kind = reply[0]
+                if kind == b"need":
+                    start = int(reply[1])
+                    continue
+                if kind == b"too_large":
+                    raise too_large(
+                        tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes
+                    )
+                await self._redis.zadd(self._index_key(tenant), {session: time.time() * 1000})
+                return IngestResult(int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
+        raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
+
+    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
+        keys = self._keys(tenant, session)
+        meta_k, _, msgs_k, blobs_k, gw_k, _ = keys
+        async with self._guard():
+            raw = await self._redis.hgetall(meta_k)
+            if not raw:
+                raise NotFound(f"no session {session!r} for tenant {tenant!r}")
+            meta = {k.decode(): int(v) for k, v in raw.items()}
+            b = meta["head"] if branch is None else check_branch(branch)
+            if f"l{b}" not in meta:
+                raise NotFound(f"session {session!r} has no branch {b}")
+            branches = {
+                br: (meta[f"p{br}"], meta[f"f{br}"], meta[f"l{br}"]) for br in range(meta["nb"])
+            }
+            segments = ancestry(branches, b)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hmget(msgs_k, [f"{s}:{i}" for s, lo, hi in segments for i in range(lo, hi)])
+            for s, _, _ in segments:
+                pipe.hget(gw_k, f"{s}:n")
+            bodies, *counts = await pipe.execute()
+            if any(body is None for body in bodies):
+                raise NotFound(f"session {session!r} was deleted or expired while loading")
+            # a fork sees an ancestor's gateway turns that follow a message of the shared part
+            owners = [
+                (s, hi)
+                for (s, _, hi), c in zip(segments, counts, strict=True)
+                for _ in range(int(c or 0))
+            ]
+            turns: list[tuple[int, bytes]] = []
+            if owners:
+                fields = [
+                    f"{s}:{i}"
+                    for (s, _, _), c in zip(segments, counts, strict=True)
+                    for i in range(int(c or 0))
+                ]
+                envelopes = await self._redis.hmget(gw_k, fields)
+                for (_, limit), env in zip(owners, envelopes, strict=True):
+                    after, body = codec.unpack(env)
+                    if after < limit:
+                        turns.append((after, body))
+            refs = sorted(
+                {r for body in bodies for r in codec.blob_refs(body)}
+                | {r for _, body in turns for r in codec.blob_refs(body)}
+            )
+            pipe = self._redis.pipeline(transaction=False)
+            if refs:
+                pipe.hmget(blobs_k, refs)
+            self._touch(pipe, tenant, session, keys)
+            replies = await pipe.execute()
+        blobs = dict(zip(refs, replies[0], strict=True)) if refs else {}
+        return assemble(session, b, branches, bodies, turns, blobs.get)
+
+    def _touch(self, pipe: Any, tenant: str, session: str, keys: list[str]) -> None:
+        for k in keys:
+            pipe.pexpire(k, self._ttl_ms)
+        pipe.zadd(self._index_key(tenant), {session: time.time() * 1000}, xx=True)
+
+    async def append_gateway_turns(
+        self, tenant: str, session: str, branch: int, after_index: int, messages: Sequence[Message]
+    ) -> None:
+        keys = self._keys(tenant, session)
+        check_branch(branch)
+        check_turns(after_index, messages)
+        packed = [codec.pack_message(m) for m in messages]
+        args: list[Any] = [self._ttl_ms, self.max_session_bytes, branch, after_index, len(packed)]
+        args += [codec.pack([after_index, p.body]) for p in packed]
+        blobs = {ref: text for p in packed for ref, text in p.blobs.items()}
+        for ref, text in blobs.items():
+            args += (ref, codec.encode_blob(text))
+        async with self._guard():
+            reply = await self._gateway_turns(keys=keys, args=args)
+        kind = reply[0]
+        if kind == b"no_branch":
+            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
+        if kind == b"bad_index":
+            raise bad_after_index(after_index, branch, int(reply[1]))
+        if kind == b"too_large":
+            raise too_large(tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes)
+
+    # -- render state ------------------------------------------------------------------
+    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
+        keys = self._keys(tenant, session)
+        check_branch(branch)
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hexists(keys[0], f"l{branch}")
+            pipe.hmget(keys[5], [f"{branch}:v", f"{branch}:d"])
+            self._touch(pipe, tenant, session, keys)
+            exists, (version, data), *_ = await pipe.execute()
+        if not exists:
+            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
+        return int(version or 0), data
+
+    async def put_state(
+        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
+    ) -> int:
+        keys = self._keys(tenant, session)
+        check_branch(branch)
+        if not isinstance(data, bytes):
+            raise TypeError(f"render state must be bytes, got {type(data).__name__}")
+        async with self._guard():
+            reply = await self._put_state(
+                keys=keys, args=[self._ttl_ms, branch, expected_version, data]
+            )
+        if reply[0] == b"no_branch":
+            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
+        if reply[0] == b"conflict":
+            raise VersionConflict(expected_version, int(reply[1]))
+        return int(reply[1])
+
+    # -- router assignment -------------------------------------------------------------
+    async def get_assignment(self, tenant: str, session: str) -> str | None:
+        key = self._assignment_key(tenant, session)
+        async with self._guard():
+            value = await self._redis.get(key)
+        return value.decode() if value is not None else None
+
+    async def set_assignment(
+        self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
+    ) -> str:
+        key = self._assignment_key(tenant, session)
+        check_id("replica", replica)
+        if ttl_s <= 0:
+            raise ValueError(f"assignment ttl_s must be positive, got {ttl_s}")
+        args = [
+            "0" if expected is None else "1",
+            expected or "",
+            replica,
+            max(1, int(ttl_s * 1000)),
+        ]
+        async with self._guard():
+            value = await self._set_assignment(keys=[key], args=args)
+        return value.decode()
+
+    # -- sessions ----------------------------------------------------------------------
+    async def list_sessions(self, tenant: str) -> list[str]:
+        index = self._index_key(tenant)
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zremrangebyscore(index, "-inf", (time.time() - self.ttl_s) * 1000)
+            pipe.zrange(index, 0, -1)
+            _, names = await pipe.execute()
+        return [n.decode() for n in names]
+
+    async def delete_session(self, tenant: str, session: str) -> bool:
+        keys = [*self._keys(tenant, session), self._assignment_key(tenant, session)]
+        self._digests.forget(tenant, session)
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.delete(*keys)
+            pipe.zrem(self._index_key(tenant), session)
+            deleted, _ = await pipe.execute()
+        return deleted > 0
+
+    async def stored_bytes(self, tenant: str, session: str) -> int:
+        """Memory Redis uses for the session's keys (``MEMORY USAGE``): for benchmarks."""
+        keys = self._keys(tenant, session)
+        async with self._guard():
+            sizes = [await self._redis.memory_usage(k, samples=0) for k in keys]
+        return sum(s or 0 for s in sizes)
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,449 @@
+"""SQLite backend: the embedded default for one host.
+
+Same contract and model as the Redis backend (see ``store.base``). One connection, used
+from one worker thread so the event loop never blocks; WAL mode, and every write is one
+``BEGIN IMMEDIATE`` transaction, so other processes on the host see all of it or none.
+Expired sessions (unused for longer than the TTL) read as absent and are purged lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from store import codec
+from store.base import (
+    DEFAULT_TIMEOUT_S,
+    IngestResult,
+    Message,
+    NotFound,
+    Prepared,
+    SessionStore,
+    StoredHistory,
+    StoreUnavailable,
+    VersionConflict,
+    ancestry,
+    assemble,
+    bad_after_index,
+    check_branch,
+    check_id,
+    check_turns,
+    too_large,
+)
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+  id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, session TEXT NOT NULL,
+  head INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0, used REAL NOT NULL,
+  UNIQUE (tenant, session));
+CREATE TABLE IF NOT EXISTS branches (
+  sid INTEGER, branch INTEGER, parent INTEGER, fork INTEGER, length INTEGER,
+  PRIMARY KEY (sid, branch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+  sid INTEGER, branch INTEGER, pos INTEGER, chain BLOB, body BLOB,
+  PRIMARY KEY (sid, branch, pos)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blobs (
+  sid INTEGER, digest BLOB, data BLOB, PRIMARY KEY (sid, digest)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gateway_turns (
+  sid INTEGER, branch INTEGER, seq INTEGER, after INTEGER, body BLOB,
+  PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS states (
+  sid INTEGER, branch INTEGER, version INTEGER, data BLOB,
+  PRIMARY KEY (sid, branch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS assignments (
+  tenant TEXT, session TEXT, replica TEXT, expires REAL,
+  PRIMARY KEY (tenant, session)) WITHOUT ROWID;
+"""
+_SESSION_TABLES = ("branches", "messages", "blobs", "gateway_turns", "states")
+
+
+class SQLiteStore(SessionStore):
+    def __init__(self, path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foldgate-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
+        def job() -> T:
+            conn = self._connect()
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                out = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+        except sqlite3.OperationalError as e:
+            raise StoreUnavailable(f"sqlite store {self.path} is unavailable: {e}") from e
+
+    def _sid(self, conn: sqlite3.Connection, tenant: str, session: str, create: bool) -> int | None:
+        """The session's row id, purging it first when it has expired; touches it."""
+        now = time.time()
+        row = conn.execute(
+            "SELECT id, used FROM sessions WHERE tenant=? AND session=?", (tenant, session)
+        ).fetchone()
+        if row is not None and row[1] < now - self.ttl_s:
+            _purge(conn, row[0])
+            row = None
+        if row is None:
+            if not create:
+                return None
+            cur = conn.execute(
+                "INSERT INTO sessions (tenant, session, used) VALUES (?, ?, ?)",
+                (tenant, session, now),
+            )
+            return int(cur.lastrowid or 0)
+        conn.execute("UPDATE sessions SET used=? WHERE id=?", (now, row[0]))
+        return int(row[0])
+
+    def _need_sid(self, conn: sqlite3.Connection, tenant: str, session: str) -> int:
+        sid = self._sid(conn, tenant, session, create=False)
+        if sid is None:
+            raise NotFound(f"no session {session!r} for tenant {tenant!r}")
+        return sid
+
+    # -- history -----------------------------------------------------------------------
+    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        prep = self._digests.prepare(tenant, session, messages)
+        return await self._run(lambda c: self._ingest(c, tenant, session, prep), write=True)
+
+    def _ingest(
+        self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared
+    ) -> IngestResult:
+        sid = self._sid(conn, tenant, session, create=True)
+        head, stored = conn.execute(
+            "SELECT head, bytes FROM sessions WHERE id=?", (sid,)
+        ).fetchone()
+        branches = {
+            b: (p, f, n)
+            for b, p, f, n in conn.execute(
+                "SELECT branch, parent, fork, length FROM branches WHERE sid=?", (sid,)
+            )
+        }
+
+        def chain_at(b: int, pos: int) -> bytes:
+            while pos < branches[b][1]:
+                b = branches[b][0]
+            row = conn.execute(
+                "SELECT chain FROM messages WHERE sid=? AND branch=? AND pos=?", (sid, b, pos)
+            ).fetchone()
+            return bytes(row[0])
+
+        n, chains = len(prep.chains), prep.chains
+        # the longest branch whose history is a prefix of the request (ties: the head)
+        best, from_ = -1, 0
+        for b, (_, _, length) in branches.items():
+            better = length > from_ or (length == from_ and b == head)
+            if length <= n and better and chain_at(b, length - 1) == chains[length - 1]:
+                best, from_ = b, length
+        if best >= 0 and from_ == n:
+            conn.execute("UPDATE sessions SET head=? WHERE id=?", (best, sid))
+            return IngestResult(best, n, 0, False)
+        target, parent = best, -1
+        if best < 0:
+            # diverged: fork from the branch sharing the longest common prefix
+            target = len(branches)
+            for b, (_, _, length) in branches.items():
+                lo, hi = 0, min(length, n)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if chain_at(b, mid - 1) == chains[mid - 1]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                if lo > from_ or (lo == from_ and lo > 0 and b == head):
+                    from_, parent = lo, b
+        new = prep.packed[from_:]
+        blobs = {ref: text for p in new for ref, text in p.blobs.items()}
+        fresh = {
+            ref: codec.encode_blob(text)
+            for ref, text in blobs.items()
+            if conn.execute("SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
+            is None
+        }
+        adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
+        if stored + adding > self.max_session_bytes:
+            raise too_large(tenant, session, stored, adding, self.max_session_bytes)
+        if best < 0:
+            conn.execute(
+                "INSERT INTO branches VALUES (?, ?, ?, ?, ?)", (sid, target, parent, from_, n)
+            )
+        else:
+            conn.execute("UPDATE branches SET length=? WHERE sid=? AND branch=?", (n, sid, target))
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?, ?, ?)",
+            [(sid, target, from_ + i, chains[from_ + i], p.body) for i, p in enumerate(new)],
+        )
+        conn.executemany(
+            "INSERT INTO blobs VALUES (?, ?, ?)", [(sid, r, d) for r, d in fresh.items()]
+        )
+        conn.execute(
+            "UPDATE sessions SET head=?, bytes=? WHERE id=?", (target, stored + adding, sid)
+        )
+        return IngestResult(target, n, n - from_, best < 0)
+
+    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        if branch is not None:
+            check_branch(branch)
+        return await self._run(lambda c: self._load(c, tenant, session, branch), write=True)
+
+    def _load(
+        self, conn: sqlite3.Connection, tenant: str, session: str, branch: int | None
+    ) -> StoredHistory:
+        sid = self._need_sid(conn, tenant, session)
+        (head,) = conn.execute("SELECT head FROM sessions WHERE id=?", (sid,)).fetchone()
+        b = head if branch is None else branch
+        branches = {
+            br: (p, f, n)
+            for br, p, f, n in conn.execute(
+                "SELECT branch, parent, fork, length FROM branches WHERE sid=?", (sid,)
+            )
+        }
+        if b not in branches:
+            raise NotFound(f"session {session!r} has no branch {b}")
+        bodies: list[bytes] = []
+        turns: list[tuple[int, bytes]] = []
+        for s, lo, hi in ancestry(branches, b):
+            bodies += [
+                bytes(r[0])
+                for r in conn.execute(
+                    "SELECT body FROM messages WHERE sid=? AND branch=? AND pos>=? AND pos<?"
+                    " ORDER BY pos",
+                    (sid, s, lo, hi),
+                )
+            ]
+            # a fork sees an ancestor's gateway turns that follow a message of the shared part
+            turns += [
+                (a, bytes(body))
+                for a, body in conn.execute(
+                    "SELECT after, body FROM gateway_turns WHERE sid=? AND branch=? AND after<?"
+                    " ORDER BY seq",
+                    (sid, s, hi),
+                )
+            ]
+
+        def fetch_blob(ref: bytes) -> bytes | None:
+            row = conn.execute(
+                "SELECT data FROM blobs WHERE sid=? AND digest=?", (sid, ref)
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return assemble(session, b, branches, bodies, turns, fetch_blob)
+
+    def _branch_length(self, conn: sqlite3.Connection, sid: int, session: str, b: int) -> int:
+        row = conn.execute(
+            "SELECT length FROM branches WHERE sid=? AND branch=?", (sid, b)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"session {session!r} has no branch {b}")
+        return int(row[0])
+
+    async def append_gateway_turns(
+        self, tenant: str, session: str, branch: int, after_index: int, messages: Sequence[Message]
+    ) -> None:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+        check_turns(after_index, messages)
+        packed = [codec.pack_message(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            sid = self._need_sid(conn, tenant, session)
+            length = self._branch_length(conn, sid, session, branch)
+            if after_index >= length:
+                raise bad_after_index(after_index, branch, length)
+            blobs = {ref: text for p in packed for ref, text in p.blobs.items()}
+            fresh = {
+                ref: codec.encode_blob(text)
+                for ref, text in blobs.items()
+                if conn.execute(
+                    "SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)
+                ).fetchone()
+                is None
+            }
+            (stored,) = conn.execute("SELECT bytes FROM sessions WHERE id=?", (sid,)).fetchone()
+            adding = sum(len(p.body) for p in packed) + sum(len(d) + 16 for d in fresh.values())
+            if stored + adding > self.max_session_bytes:
+                raise too_large(tenant, session, stored, adding, self.max_session_bytes)
+            (seq,) = conn.execute(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM gateway_turns WHERE sid=? AND branch=?",
+                (sid, branch),
+            ).fetchone()
+            conn.executemany(
+                "INSERT INTO gateway_turns VALUES (?, ?, ?, ?, ?)",
+                [(sid, branch, seq + i, after_index, p.body) for i, p in enumerate(packed)],
+            )
+            conn.executemany(
+                "INSERT INTO blobs VALUES (?, ?, ?)", [(sid, r, d) for r, d in fresh.items()]
+            )
+            conn.execute("UPDATE sessions SET bytes=? WHERE id=?", (stored + adding, sid))
+
+        await self._run(write, write=True)
+
+    # -- render state ------------------------------------------------------------------
+    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+
+        def read(conn: sqlite3.Connection) -> tuple[int, bytes | None]:
+            sid = self._need_sid(conn, tenant, session)
+            self._branch_length(conn, sid, session, branch)
+            row = conn.execute(
+                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
+            ).fetchone()
+            return (0, None) if row is None else (int(row[0]), bytes(row[1]))
+
+        return await self._run(read, write=True)
+
+    async def put_state(
+        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
+    ) -> int:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+        if not isinstance(data, bytes):
+            raise TypeError(f"render state must be bytes, got {type(data).__name__}")
+
+        def cas(conn: sqlite3.Connection) -> int:
+            sid = self._need_sid(conn, tenant, session)
+            self._branch_length(conn, sid, session, branch)
+            row = conn.execute(
+                "SELECT version FROM states WHERE sid=? AND branch=?", (sid, branch)
+            ).fetchone()
+            current = 0 if row is None else int(row[0])
+            if current != expected_version:
+                raise VersionConflict(expected_version, current)
+            conn.execute(
+                "INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?)",
+                (sid, branch, current + 1, data),
+            )
+            return current + 1
+
+        return await self._run(cas, write=True)
+
+    # -- router assignment -------------------------------------------------------------
+    async def get_assignment(self, tenant: str, session: str) -> str | None:
+        check_id("tenant", tenant)
+        check_id("session", session)
+
+        def read(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT replica FROM assignments WHERE tenant=? AND session=? AND expires>?",
+                (tenant, session, time.time()),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(read)
+
+    async def set_assignment(
+        self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
+    ) -> str:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_id("replica", replica)
+        if ttl_s <= 0:
+            raise ValueError(f"assignment ttl_s must be positive, got {ttl_s}")
+
+        def cas(conn: sqlite3.Connection) -> str:
+            now = time.time()
+            row = conn.execute(
+                "SELECT replica FROM assignments WHERE tenant=? AND session=? AND expires>?",
+                (tenant, session, now),
+            ).fetchone()
+            current = None if row is None else str(row[0])
+            if current is not None and current not in (replica, expected):
+                return current
+            conn.execute(
+                "INSERT OR REPLACE INTO assignments VALUES (?, ?, ?, ?)",
+                (tenant, session, replica, now + ttl_s),
+            )
+            return replica
+
+        return await self._run(cas, write=True)
+
+    # -- sessions ----------------------------------------------------------------------
+    async def list_sessions(self, tenant: str) -> list[str]:
+        check_id("tenant", tenant)
+
+        def listing(conn: sqlite3.Connection) -> list[str]:
+            cutoff = time.time() - self.ttl_s
+            for (sid,) in conn.execute(
+                "SELECT id FROM sessions WHERE tenant=? AND used<?", (tenant, cutoff)
+            ).fetchall():
+                _purge(conn, sid)
+            rows = conn.execute(
+                "SELECT session FROM sessions WHERE tenant=? ORDER BY used", (tenant,)
+            )
+            return [str(r[0]) for r in rows]
+
+        return await self._run(listing, write=True)
+
+    async def delete_session(self, tenant: str, session: str) -> bool:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        self._digests.forget(tenant, session)
+
+        def delete(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM assignments WHERE tenant=? AND session=?", (tenant, session))
+            sid = self._sid(conn, tenant, session, create=False)
+            if sid is None:
+                return False
+            _purge(conn, sid)
+            return True
+
+        return await self._run(delete, write=True)
+
+    async def stored_bytes(self, tenant: str, session: str) -> int:
+        """Bytes of history the session holds (bodies, chain digests, blobs): for benchmarks."""
+        (stored,) = await self._run(
+            lambda c: c.execute(
+                "SELECT COALESCE(SUM(bytes), 0) FROM sessions WHERE tenant=? AND session=?",
+                (tenant, session),
+            ).fetchone()
+        )
+        return int(stored)
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, shut)
+        self._pool.shutdown(wait=True)
+
+
+def _purge(conn: sqlite3.Connection, sid: int) -> None:
+    for table in _SESSION_TABLES:
+        conn.execute(f"DELETE FROM {table} WHERE sid=?", (sid,))
+    conn.execute("DELETE FROM sessions WHERE id=?", (sid,))
