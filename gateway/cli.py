@@ -68,8 +68,9 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
 @click.option(
     "--budget",
     type=click.IntRange(min=1),
-    default=None,
-    help="Token budget for the renderers; requests above it are counted.",
+    default=DEFAULT_BUDGET,
+    show_default=True,
+    help="Token budget: cliff's compaction threshold; requests above it are counted.",
 )
 @click.option(
     "--k",
