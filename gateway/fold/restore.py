@@ -1,0 +1,81 @@
+"""ReFold's restore: giving the model back the original bytes of steps it cannot see.
+
+The gateway offers a ``restore`` tool (or, in text harnesses, answers a ``restore N``
+action), reads the steps from the history (never from a rendering) and appends the answer
+as a new turn, listed in ``RenderState.restored`` so that it renders verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gateway.fold.renderer import RenderState, step_indices
+from gateway.transcript import Transcript
+
+RESTORE_TOOL_NAME = "restore"
+
+_SPEC = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_ACTION = re.compile(r"^\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_restore_spec(spec: str) -> tuple[int, int]:
+    """``"5"`` -> (5, 5); ``"3-7"`` -> (3, 7). Anything else raises a ValueError saying why."""
+    if not isinstance(spec, str):
+        raise ValueError(f"restore steps must be a string like '5' or '3-7', got {spec!r}")
+    match = _SPEC.fullmatch(spec)
+    if match is None:
+        raise ValueError(
+            f"cannot read restore steps {spec!r}: expected one step number ('5') or a range ('3-7')"
+        )
+    first = int(match.group(1))
+    last = int(match.group(2)) if match.group(2) else first
+    if last < first:
+        raise ValueError(f"restore range {spec!r} ends (step {last}) before it starts ({first})")
+    return first, last
+
+
+def parse_restore_action(text: str) -> str | None:
+    """The step spec of a text-harness ``restore N`` / ``restore i-j`` line, if any."""
+    match = _ACTION.search(text)
+    return match.group(1) if match else None
+
+
+def restore_outputs(
+    history: Transcript, state: RenderState | None, first: int, last: int
+) -> list[tuple[int, str]]:
+    """(step, original output text) for steps ``first..last``, byte-exact from the history."""
+    if last < first:
+        raise ValueError(f"restore range ends (step {last}) before it starts ({first})")
+    steps = step_indices(history, state)
+    for step in (first, last):
+        if not 0 <= step < len(steps):
+            known = f"steps 0-{len(steps) - 1}" if steps else "no steps yet"
+            raise ValueError(f"step {step} does not exist (this session has {known})")
+    return [(n, history.messages[steps[n]].text) for n in range(first, last + 1)]
+
+
+def restore_tool_schema() -> dict[str, Any]:
+    """The OpenAI-style function schema of the tool the gateway adds for ReFold."""
+    return {
+        "type": "function",
+        "function": {
+            "name": RESTORE_TOOL_NAME,
+            "description": (
+                "Show again the original, complete output of earlier steps that appear "
+                "folded or as a '[duplicate of step N ...]' stub. The output is added as a "
+                "new message; nothing else changes."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "steps": {
+                        "type": "string",
+                        "description": "One step number ('5') or an inclusive range ('3-7').",
+                    }
+                },
+                "required": ["steps"],
+                "additionalProperties": False,
+            },
+        },
+    }
