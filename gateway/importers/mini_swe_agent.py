@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.importers.base import Trajectory, read_json, require, stem
-from gateway.importers.chat import decode_chat_message
+from gateway.importers.chat import decode_chat_messages
 from gateway.transcript import Transcript
 
 HARNESS = "mini-swe-agent"
@@ -28,11 +28,8 @@ def looks_like(doc: Any) -> bool:
 def load(path: Path) -> list[Trajectory]:
     doc = read_json(path)
     require(looks_like(doc), path, "not a mini-swe-agent trajectory (needs 'messages', 'info')")
-    messages = tuple(
-        decode_chat_message(m, path, f"message {i}")
-        for i, m in enumerate(doc["messages"])
-        if not (isinstance(m, Mapping) and m.get("role") == "exit")
-    )
+    sent = [m for m in doc["messages"] if not (isinstance(m, Mapping) and m.get("role") == "exit")]
+    messages = decode_chat_messages(sent, path)
     native = any(m.role == "tool" for m in messages)
     info = doc.get("info") if isinstance(doc.get("info"), Mapping) else {}
     meta = {

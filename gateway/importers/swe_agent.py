@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.importers.base import Trajectory, read_json, require, stem
-from gateway.importers.chat import decode_chat_message
+from gateway.importers.chat import decode_chat_messages
 from gateway.transcript import Message, Thinking, Transcript
 
 HARNESS = "swe-agent"
@@ -32,7 +32,9 @@ def looks_like(doc: Any) -> bool:
 def load(path: Path) -> list[Trajectory]:
     doc = read_json(path)
     require(looks_like(doc), path, "not a SWE-agent trajectory (needs 'history', 'trajectory')")
-    messages = tuple(_message(m, path, i) for i, m in enumerate(doc["history"]))
+    history = [_with_call_id(h, path, i) for i, h in enumerate(doc["history"])]
+    decoded = decode_chat_messages(history, path, where="history")
+    messages = tuple(_with_thinking(m, h) for m, h in zip(decoded, history, strict=True))
     native = any(m.role == "tool" for m in messages)
     info = doc.get("info") if isinstance(doc.get("info"), Mapping) else {}
     return [
@@ -47,20 +49,24 @@ def load(path: Path) -> list[Trajectory]:
     ]
 
 
-def _message(raw: Any, path: Path, i: int) -> Message:
-    where = f"history entry {i}"
-    msg = decode_chat_message(raw, path, where, tool_call_id=lambda m: _call_id(m, path, where))
-    blocks = raw.get("thinking_blocks") or ()
+def _with_call_id(raw: Any, path: Path, i: int) -> Any:
+    """A tool observation with its ``tool_call_ids`` list turned into one ``tool_call_id``."""
+    if not isinstance(raw, Mapping) or "tool_call_ids" not in raw:
+        return raw
+    ids = raw["tool_call_ids"]
+    # SWE-agent executes one call per step, so an observation answers exactly one call.
+    require(
+        isinstance(ids, list) and len(ids) == 1,
+        path,
+        f"history[{i}]: an observation must answer exactly one call, got {ids!r}",
+    )
+    return {**raw, "tool_call_id": ids[0]}
+
+
+def _with_thinking(msg: Message, raw: Mapping[str, Any]) -> Message:
     thinking = [
         Thinking(b.get("thinking", ""), b.get("signature"))
-        for b in blocks
+        for b in raw.get("thinking_blocks") or ()
         if isinstance(b, Mapping) and b.get("type") == "thinking"
     ]
     return replace(msg, parts=(*thinking, *msg.parts)) if thinking else msg
-
-
-def _call_id(raw: Mapping[str, Any], path: Path, where: str) -> str | None:
-    ids = raw.get("tool_call_ids") or ([raw["tool_call_id"]] if raw.get("tool_call_id") else [])
-    # SWE-agent executes one call per step, so an observation answers exactly one call.
-    require(len(ids) <= 1, path, f"{where}: one observation answers several calls {ids}")
-    return ids[0] if ids else None

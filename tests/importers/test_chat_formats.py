@@ -49,8 +49,8 @@ def test_normalized_thinking_calls_and_meta(tmp_path: Path) -> None:
     )
     [t] = load_trajectories(path)
     a = t.transcript.messages[2]
-    assert a.parts[0] == Thinking("why")
-    assert a.text == ""
+    assert isinstance(a.parts[0], Thinking)
+    assert (a.thinking, a.text) == ("why", "")
     assert [(c.id, c.name, c.arguments) for c in a.tool_calls] == [
         ("c0", "bash", '{"command": "ls"}')
     ]
@@ -91,8 +91,18 @@ def test_normalized_text_actions_find_user_observations(tmp_path: Path) -> None:
             r"observation_indices \[1\] do not match",
         ),
         (norm_record([{"role": "robot", "content": "x"}]), "unknown role 'robot'"),
-        (norm_record([{"role": "tool", "content": "x"}]), "tool message without a tool_call_id"),
-        (norm_record([{"role": "user", "content": 3}]), "content must be a string or a list"),
+        (
+            norm_record([{"role": "tool", "content": "x"}]),
+            r"messages\[0\]\.tool_call_id: missing required field",
+        ),
+        (
+            norm_record([{"role": "tool", "content": "x", "tool_call_id": "c9"}]),
+            "'c9' does not answer any earlier assistant tool call",
+        ),
+        (
+            norm_record([{"role": "user", "content": 3}]),
+            r"messages\[0\]\.content: content must be a string",
+        ),
     ],
 )
 def test_normalized_errors_name_file_line_and_problem(tmp_path: Path, record, problem) -> None:
@@ -121,6 +131,8 @@ def test_mini_swe_agent_drops_exit_and_keeps_reasoning(tmp_path: Path) -> None:
     [t] = load_trajectories(write_json(tmp_path / "x-1.traj.json", mini_doc(msgs)))
     assert [m.role for m in t.transcript.messages] == ["system", "user", "assistant", "tool"]
     assert t.transcript.messages[2].thinking == "think"
+    # Harness bookkeeping beside a message is not carried on as pass-through fields.
+    assert "extra" not in repr(t.transcript.messages[2].meta)
     assert (t.id, t.fmt, t.meta["exit_status"]) == (
         "mini-swe-agent__x-1",
         "native_tool_calls",
@@ -213,5 +225,8 @@ def test_swe_agent_function_calling_form(tmp_path: Path) -> None:
 
 def test_swe_agent_observation_for_two_calls_is_rejected(tmp_path: Path) -> None:
     history = [{"role": "tool", "content": "x", "tool_call_ids": ["a", "b"]}]
-    with pytest.raises(TrajectoryFormatError, match=r"history entry 0: one observation answers"):
+    with pytest.raises(
+        TrajectoryFormatError,
+        match=r"bad\.traj: history\[0\]: an observation must answer exactly one call",
+    ):
         load_trajectories(write_json(tmp_path / "bad.traj", swe_doc(history)))
