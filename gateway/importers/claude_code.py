@@ -57,6 +57,8 @@ class _Draft:
 def load(path: Path) -> list[Trajectory]:
     records = read_jsonl(path)
     require(bool(records), path, "empty Claude Code session")
+    for n, rec in records:
+        require(isinstance(rec, Mapping), path, "a session event must be a JSON object", n)
     require(looks_like(records[0][1]), path, "not a Claude Code session event", records[0][0])
     turns = [(n, r) for n, r in records if r.get("type") in ("user", "assistant")]
     subagent = bool(turns) and all(r.get("isSidechain") for _, r in turns)

@@ -138,6 +138,12 @@ def test_event_without_message_names_file_and_line(tmp_path: Path) -> None:
         load_trajectories(path)
 
 
+def test_a_line_that_is_not_an_event_object_is_rejected(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "s.jsonl", [user("hi"), ["not", "an", "event"]])
+    with pytest.raises(TrajectoryFormatError, match=r"s\.jsonl:2: a session event must be"):
+        load_trajectories(path)
+
+
 def test_tool_result_without_call_id_is_rejected(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "s.jsonl", [user([{"type": "tool_result", "content": "x"}])])
     with pytest.raises(TrajectoryFormatError, match="tool_result without a tool_use_id"):
