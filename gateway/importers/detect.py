@@ -73,6 +73,8 @@ def load_trajectories(*paths: str | Path) -> list[Trajectory]:
 
 
 def _classify_document(doc: Any) -> str | None:
+    if normalized.looks_like(doc):  # the most specific shape: 'format' beside 'messages'
+        return "normalized"
     if mini_swe_agent.looks_like(doc):
         return "mini-swe-agent"
     if swe_agent.looks_like(doc):
