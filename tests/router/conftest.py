@@ -1,13 +1,15 @@
-"""Fixtures for router tests."""
+"""Fixtures for router tests: fake replica servers and the real store's assignment map."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
+from store import SessionStore, open_store
 from tests.router.fake_replica import FakeReplica
-from tests.router.support import MemoryAssignments
 
 
 @pytest.fixture
@@ -26,6 +28,18 @@ async def fake_replicas() -> AsyncIterator[Callable[[int], Awaitable[list[FakeRe
         await r.stop()
 
 
-@pytest.fixture
-def assignments() -> MemoryAssignments:
-    return MemoryAssignments()
+@pytest.fixture(params=["sqlite", "redis"])
+async def assignments(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[SessionStore]:
+    """The sticky policy's assignment map on each real store backend."""
+    if request.param == "sqlite":
+        store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    else:
+        # A namespace of its own: the Redis server is shared by the whole test session.
+        redis_url = request.getfixturevalue("redis_url")
+        store = open_store(redis_url, namespace=f"router-test-{uuid.uuid4().hex}")
+    try:
+        yield store
+    finally:
+        await store.close()

@@ -5,6 +5,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from router import (
+    AssignmentStore,
     LeastLoadedPolicy,
     NoHealthyReplica,
     Replica,
@@ -15,7 +16,6 @@ from router import (
     with_failover,
 )
 from tests.router.fake_replica import FakeReplica, vllm_metrics_text
-from tests.router.support import MemoryAssignments
 
 StartReplicas = Callable[[int], Awaitable[list[FakeReplica]]]
 
@@ -64,9 +64,10 @@ async def test_retries_5xx_and_connection_error_on_other_replicas(
         assert all(r.in_flight == 0 for r in pool.replicas)
 
 
-async def test_sticky_session_moves_off_a_failing_replica(fake_replicas: StartReplicas) -> None:
+async def test_sticky_session_moves_off_a_failing_replica(
+    fake_replicas: StartReplicas, assignments: AssignmentStore
+) -> None:
     a, b = await fake_replicas(2)
-    assignments = MemoryAssignments()
     policy = StickyPolicy(assignments)
     async with ReplicaPool([a.url, b.url], probe_interval_s=60) as pool:
         async with aiohttp.ClientSession() as http:
