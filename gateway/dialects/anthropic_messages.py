@@ -360,7 +360,7 @@ def _encode_blocks(parts: Iterable[Part], source: Dialect) -> list[dict[str, Any
                     "type": "tool_use",
                     "id": part.id,
                     "name": part.name,
-                    "input": _input(part.arguments),
+                    "input": tool_input(part.arguments),
                 }
             )
         elif "redacted" in h:
@@ -373,7 +373,7 @@ def _encode_blocks(parts: Iterable[Part], source: Dialect) -> list[dict[str, Any
     return blocks
 
 
-def _input(arguments: str) -> dict[str, Any]:
+def tool_input(arguments: str) -> dict[str, Any]:
     """``tool_use.input`` must be an object; arguments that are not one are kept as text."""
     try:
         value = json.loads(arguments)

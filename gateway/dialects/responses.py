@@ -1,0 +1,310 @@
+"""Response side: vLLM's OpenAI chat completions as Anthropic Messages responses, streamed or
+not, and assistant replies as neutral messages for the gateway to record.
+
+- ``to_anthropic_response``: a non-streaming chat completion -> a Messages response.
+- ``ChunkAccumulator``: assembles ``chat.completion.chunk`` dicts into the reply message.
+- ``AnthropicStreamTranslator``: fed parsed chunks, yields Anthropic SSE events as
+  ``(event_name, data)`` tuples; ``format_sse`` writes one frame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.dialects.anthropic_messages import tool_input
+from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import decode_reply
+from gateway.transcript import Message
+
+Event = tuple[str, dict[str, Any]]
+
+STOP_REASONS: Mapping[str, str] = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+_THINKING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _upstream_error(message: str) -> DialectError:
+    return DialectError(message, status=502, kind="api_error")
+
+
+def anthropic_usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
+    """OpenAI usage as Anthropic usage: ``input_tokens`` there excludes cache reads."""
+    usage = usage or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return {
+        "input_tokens": prompt - cached,
+        "output_tokens": int(usage.get("completion_tokens") or 0),
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def stop_reason(finish_reason: str | None, matched_stop: Any = None) -> tuple[str | None, Any]:
+    """``(stop_reason, stop_sequence)`` for an OpenAI finish_reason.
+
+    vLLM reports the stop string that ended generation in the choice's ``stop_reason``; a
+    string there means a stop sequence, which Anthropic reports as such.
+    """
+    if finish_reason == "stop" and isinstance(matched_stop, str):
+        return "stop_sequence", matched_stop
+    if finish_reason is None:
+        return None, None
+    return STOP_REASONS.get(finish_reason, "end_turn"), None
+
+
+def _first_choice(response: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise _upstream_error("upstream response has no choices")
+    return choices[0]
+
+
+def _thinking_field(message: Mapping[str, Any]) -> str:
+    """The field carrying thinking: vLLM has sent ``reasoning_content``, ``reasoning`` or
+    both with the same text, so the first one present wins."""
+    return next((n for n in _THINKING_FIELDS if isinstance(message.get(n), str)), "")
+
+
+def _thinking_text(message: Mapping[str, Any]) -> str | None:
+    name = _thinking_field(message)
+    return message[name] if name else None
+
+
+def to_anthropic_response(response: Mapping[str, Any]) -> dict[str, Any]:
+    """A non-streaming chat completion as an Anthropic Messages response."""
+    choice = _first_choice(response)
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        raise _upstream_error("upstream choice has no message")
+    content: list[dict[str, Any]] = []
+    thinking = _thinking_text(message)
+    if thinking:
+        # vLLM does not sign thinking; an empty signature keeps the block well-formed.
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id", ""),
+                "name": fn.get("name", ""),
+                "input": tool_input(fn.get("arguments") or "{}"),
+            }
+        )
+    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"))
+    return {
+        "id": response.get("id", ""),
+        "type": "message",
+        "role": "assistant",
+        "model": response.get("model", ""),
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": anthropic_usage(response.get("usage")),
+    }
+
+
+class ChunkAccumulator:
+    """Assembles streamed ``chat.completion.chunk`` dicts (first choice) into one reply."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.thinking: list[str] = []
+        self.thinking_field = "reasoning_content"
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.matched_stop: Any = None
+        self.usage: Mapping[str, Any] | None = None
+        self.id = ""
+        self.model = ""
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        self.id = self.id or str(chunk.get("id") or "")
+        self.model = self.model or str(chunk.get("model") or "")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            thinking = _thinking_text(delta)
+            if thinking is not None:
+                self.thinking_field = _thinking_field(delta)
+                self.thinking.append(thinking)
+            if isinstance(delta.get("content"), str):
+                self.content.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                slot = self.calls.setdefault(
+                    call.get("index", 0), {"id": "", "name": "", "arguments": []}
+                )
+                fn = call.get("function") or {}
+                slot["id"] = slot["id"] or call.get("id") or ""
+                slot["name"] += fn.get("name") or ""
+                slot["arguments"].append(fn.get("arguments") or "")
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.matched_stop = choice.get("stop_reason")
+
+    def message(self) -> dict[str, Any]:
+        """The reply as a chat completion's assistant message dict."""
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.thinking:
+            out[self.thinking_field] = "".join(self.thinking)
+        if self.calls:
+            out["tool_calls"] = [
+                {
+                    "id": slot["id"],
+                    "type": "function",
+                    "function": {"name": slot["name"], "arguments": "".join(slot["arguments"])},
+                }
+                for _, slot in sorted(self.calls.items())
+            ]
+        return out
+
+    def reply(self) -> Message:
+        return decode_reply(self.message())
+
+
+class AnthropicStreamTranslator:
+    """Turns a vLLM chat completion stream into an Anthropic Messages event stream.
+
+    Call ``feed`` with each parsed chunk and ``finish`` once the upstream sent ``[DONE]``
+    (usage arrives after the finish_reason, so ``message_delta`` waits for the end).
+    Tool calls must arrive one after another, as vLLM and OpenAI send them.
+    """
+
+    def __init__(self, model: str | None = None, message_id: str | None = None) -> None:
+        self.accumulator = ChunkAccumulator()
+        self._model = model
+        self._message_id = message_id
+        self._started = False
+        self._done = False
+        self._open: str | None = None  # "text", "thinking" or "tool:<index>"
+        self._next_index = 0
+        self._tools_seen: set[int] = set()
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
+        if self._done:
+            raise _upstream_error("chunk after the end of the stream")
+        self.accumulator.feed(chunk)
+        events = self._start(chunk)
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            thinking = _thinking_text(delta)
+            if thinking:
+                delta_event = {"type": "thinking_delta", "thinking": thinking}
+                events += self._delta("thinking", delta_event)
+            if delta.get("content"):
+                events += self._delta("text", {"type": "text_delta", "text": delta["content"]})
+            for call in delta.get("tool_calls") or ():
+                events += self._tool_delta(call)
+            if choice.get("finish_reason"):
+                events += self._close()
+        return events
+
+    def finish(self) -> list[Event]:
+        if self._done:
+            return []
+        self._done = True
+        acc = self.accumulator
+        events = self._start({}) + self._close()
+        reason, sequence = stop_reason(acc.finish_reason, acc.matched_stop)
+        events.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason or "end_turn", "stop_sequence": sequence},
+                    "usage": anthropic_usage(acc.usage),
+                },
+            )
+        )
+        events.append(("message_stop", {"type": "message_stop"}))
+        return events
+
+    def reply(self) -> Message:
+        """What the model answered, as a neutral assistant message (for the history)."""
+        return self.accumulator.reply()
+
+    def _start(self, chunk: Mapping[str, Any]) -> list[Event]:
+        if self._started:
+            return []
+        self._started = True
+        message = {
+            "id": self._message_id or str(chunk.get("id") or ""),
+            "type": "message",
+            "role": "assistant",
+            "model": self._model or str(chunk.get("model") or ""),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": anthropic_usage(None),
+        }
+        return [("message_start", {"type": "message_start", "message": message})]
+
+    def _open_block(self, kind: str, block: dict[str, Any]) -> list[Event]:
+        events = self._close()
+        self._open = kind
+        data = {"type": "content_block_start", "index": self._next_index, "content_block": block}
+        return [*events, ("content_block_start", data)]
+
+    def _close(self) -> list[Event]:
+        if self._open is None:
+            return []
+        self._open = None
+        index = self._next_index
+        self._next_index += 1
+        return [("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _delta(self, kind: str, delta: dict[str, Any]) -> list[Event]:
+        events: list[Event] = []
+        if self._open != kind:
+            empty: dict[str, Any] = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
+            events = self._open_block(kind, empty)
+        data = {"type": "content_block_delta", "index": self._next_index, "delta": delta}
+        return [*events, ("content_block_delta", data)]
+
+    def _tool_delta(self, call: Mapping[str, Any]) -> list[Event]:
+        index = int(call.get("index", 0))
+        fn = call.get("function") or {}
+        events: list[Event] = []
+        kind = f"tool:{index}"
+        if self._open != kind:
+            if index in self._tools_seen:
+                raise _upstream_error(f"tool call {index} resumed after another block started")
+            self._tools_seen.add(index)
+            block = {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": fn.get("name") or "",
+                "input": {},
+            }
+            events = self._open_block(kind, block)
+        if fn.get("arguments"):
+            delta = {"type": "input_json_delta", "partial_json": fn["arguments"]}
+            data = {"type": "content_block_delta", "index": self._next_index, "delta": delta}
+            events.append(("content_block_delta", data))
+        return events
+
+
+def format_sse(event: str | None, data: Mapping[str, Any] | str) -> bytes:
+    """One server-sent-events frame; ``event`` None for OpenAI-style data-only frames."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
