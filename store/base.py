@@ -7,10 +7,12 @@ Model (both backends):
 - ``ingest`` takes the whole history a harness sent. The branch it extends is the longest
   stored branch whose history is a prefix of what was sent (ties: the session's head, the
   branch most recently ingested into). Equal length means an identical re-send: nothing is
-  appended. When no branch is a prefix, a new branch forks from the branch sharing the
-  longest common prefix (possibly with no own messages, when the harness re-sent a shorter
-  history). Prefixes are compared by chained 128-bit digests, so a check is O(1).
-- ``step_count`` is the number of messages in the branch's history after the call.
+  appended. A history that is a prefix of a stored branch (a late or retried earlier
+  request) is stored already: nothing is appended and that branch is returned. Otherwise a
+  new branch forks from the branch sharing the longest common prefix. Prefixes are
+  compared by chained 128-bit digests, so one check is O(1) however long the history.
+- ``step_count`` is the number of messages of the sent history: it is the first
+  ``step_count`` messages of the returned branch (normally all of them).
 - Gateway-made turns (restore exchanges) are kept beside the harness history, keyed by the
   index of the history message they follow, so ingest digests keep matching what the
   harness re-sends. A fork inherits its parent's gateway turns that follow a message

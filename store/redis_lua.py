@@ -68,6 +68,12 @@ if best < 0 then
     end
     if lo > from or (lo == from and lo > 0 and b == head) then from, parent = lo, b end
   end
+  if from == n then
+    -- a shorter re-send (a late or retried earlier request): already stored, nothing to do
+    redis.call('HSET', meta, 'head', parent)
+    touch(ttl)
+    return {'ok', parent, n, 0, 0}
+  end
 end
 if k > from then return {'need', from} end
 if m ~= n - k then return redis.error_reply('ingest: expected ' .. (n - k) .. ' bodies') end

@@ -136,12 +136,14 @@ class RedisStore(SessionStore):
     async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
         keys = self._keys(tenant, session)
         meta_k, _, msgs_k, blobs_k, gw_k, _ = keys
+        if branch is not None:
+            check_branch(branch)
         async with self._guard():
             raw = await self._redis.hgetall(meta_k)
             if not raw:
                 raise NotFound(f"no session {session!r} for tenant {tenant!r}")
             meta = {k.decode(): int(v) for k, v in raw.items()}
-            b = meta["head"] if branch is None else check_branch(branch)
+            b = meta["head"] if branch is None else branch
             if f"l{b}" not in meta:
                 raise NotFound(f"session {session!r} has no branch {b}")
             branches = {

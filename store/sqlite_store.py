@@ -180,6 +180,10 @@ class SQLiteStore(SessionStore):
                         hi = mid - 1
                 if lo > from_ or (lo == from_ and lo > 0 and b == head):
                     from_, parent = lo, b
+            if from_ == n:
+                # a shorter re-send (a late or retried earlier request): already stored
+                conn.execute("UPDATE sessions SET head=? WHERE id=?", (parent, sid))
+                return IngestResult(parent, n, 0, False)
         new = prep.packed[from_:]
         blobs = {ref: text for p in new for ref, text in p.blobs.items()}
         fresh = {

@@ -1,0 +1,339 @@
+"""The session store contract, run against both backends (real Redis, SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import string
+
+import pytest
+
+from store import NotFound, SessionStore, SessionTooLarge, VersionConflict
+from tests.store.conftest import StoreFactory, history, msg
+
+
+async def test_identical_resend_appends_nothing(store: SessionStore, tenant: str) -> None:
+    h = history(6)
+    first = await store.ingest(tenant, "s", h)
+    again = await store.ingest(tenant, "s", [dict(m) for m in h])
+    assert (first.branch_id, first.step_count, first.appended, first.new_branch) == (0, 6, 6, True)
+    assert (again.branch_id, again.step_count, again.appended, again.new_branch) == (0, 6, 0, False)
+    assert list((await store.load(tenant, "s")).messages) == h
+
+
+async def test_extension_appends_only_the_suffix(store: SessionStore, tenant: str) -> None:
+    h = history(10)
+    await store.ingest(tenant, "s", h[:4])
+    r = await store.ingest(tenant, "s", h)
+    assert (r.branch_id, r.step_count, r.appended, r.first_new, r.new_branch) == (
+        0,
+        10,
+        6,
+        4,
+        False,
+    )
+    loaded = await store.load(tenant, "s", 0)
+    assert list(loaded.messages) == h
+    assert (loaded.parent, loaded.fork_index) == (None, 0)
+
+
+async def test_extension_by_a_fresh_process(make_store: StoreFactory, tenant: str) -> None:
+    # a second replica has no digest memory of the session: the backend alone decides
+    a, b = make_store(), make_store()
+    try:
+        h = history(8)
+        await a.ingest(tenant, "s", h[:5])
+        r = await b.ingest(tenant, "s", h)
+        assert (r.branch_id, r.appended) == (0, 3)
+        assert (await b.ingest(tenant, "s", h)).appended == 0
+        assert list((await a.load(tenant, "s")).messages) == h
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_divergence_forks_and_keeps_both_branches(store: SessionStore, tenant: str) -> None:
+    h = history(8)
+    await store.ingest(tenant, "s", h)
+    edited = [*h[:5], msg("user", "compacted summary"), msg("assistant", "ok")]
+    r = await store.ingest(tenant, "s", edited)
+    assert (r.branch_id, r.step_count, r.appended, r.new_branch) == (1, 7, 2, True)
+    fork = await store.load(tenant, "s", 1)
+    assert list(fork.messages) == edited
+    assert (fork.parent, fork.fork_index) == (0, 5)
+    assert list((await store.load(tenant, "s", 0)).messages) == h
+    # the head is the branch most recently ingested into
+    assert (await store.load(tenant, "s")).branch_id == 1
+    # extending the old branch again goes back to it
+    r0 = await store.ingest(tenant, "s", [*h, msg("user", "more")])
+    assert (r0.branch_id, r0.appended, r0.new_branch) == (0, 1, False)
+
+
+async def test_fork_of_a_fork_shares_prefix(store: SessionStore, tenant: str) -> None:
+    h = history(6)
+    await store.ingest(tenant, "s", h)
+    b1 = [*h[:4], *history(4, "b1 ")]
+    await store.ingest(tenant, "s", b1)
+    b2 = [*b1[:6], msg("user", "b2")]
+    r = await store.ingest(tenant, "s", b2)
+    assert (r.branch_id, r.appended) == (2, 1)
+    loaded = await store.load(tenant, "s", 2)
+    assert list(loaded.messages) == b2
+    assert (loaded.parent, loaded.fork_index) == (1, 6)
+    # a fork taken inside an ancestor's inherited prefix
+    b3 = [*h[:2], msg("user", "b3")]
+    r3 = await store.ingest(tenant, "s", b3)
+    assert list((await store.load(tenant, "s", r3.branch_id)).messages) == b3
+
+
+async def test_shorter_resend_is_a_noop_on_the_branch_holding_it(
+    store: SessionStore, tenant: str
+) -> None:
+    h = history(6)
+    await store.ingest(tenant, "s", h)
+    await store.ingest(tenant, "s", [*h[:2], msg("user", "other")])  # branch 1, now head
+    r = await store.ingest(tenant, "s", h[:3])  # a late or retried earlier request
+    assert (r.branch_id, r.step_count, r.appended, r.new_branch) == (0, 3, 0, False)
+    assert (await store.load(tenant, "s")).branch_id == 0
+    # continuing from there differently forks at the first new message
+    r2 = await store.ingest(tenant, "s", [*h[:3], msg("assistant", "changed")])
+    assert (r2.branch_id, r2.new_branch) == (2, True)
+    assert (await store.load(tenant, "s", 2)).fork_index == 3
+
+
+async def test_longest_matching_branch_wins(store: SessionStore, tenant: str) -> None:
+    h = history(10)
+    await store.ingest(tenant, "s", h[:3])
+    await store.ingest(tenant, "s", [*h[:2], msg("user", "other")])  # branch 1, now head
+    r = await store.ingest(tenant, "s", h[:7])
+    assert (r.branch_id, r.appended) == (0, 4)
+
+
+async def test_gateway_turns_kept_beside_history(store: SessionStore, tenant: str) -> None:
+    h = history(6)
+    await store.ingest(tenant, "s", h)
+    restore = [msg("assistant", "restore 2"), msg("user", "the original output " * 100)]
+    await store.append_gateway_turns(tenant, "s", 0, 5, restore)
+    await store.append_gateway_turns(tenant, "s", 0, 5, [msg("assistant", "second")])
+    await store.append_gateway_turns(tenant, "s", 0, 1, [msg("assistant", "early")])
+    loaded = await store.load(tenant, "s", 0)
+    assert list(loaded.messages) == h
+    assert {k: list(v) for k, v in loaded.gateway_turns.items()} == {
+        1: [msg("assistant", "early")],
+        5: [*restore, msg("assistant", "second")],
+    }
+    # the harness history still matches: a re-send is a no-op, an extension appends
+    assert (await store.ingest(tenant, "s", h)).appended == 0
+    assert (await store.ingest(tenant, "s", [*h, msg("assistant", "next")])).appended == 1
+    # a fork inherits the turns that follow a message of the shared prefix only
+    r = await store.ingest(tenant, "s", [*h[:3], msg("user", "fork")])
+    fork = await store.load(tenant, "s", r.branch_id)
+    assert {k: list(v) for k, v in fork.gateway_turns.items()} == {1: [msg("assistant", "early")]}
+
+
+async def test_gateway_turn_errors(store: SessionStore, tenant: str) -> None:
+    await store.ingest(tenant, "s", history(3))
+    with pytest.raises(ValueError, match="after_index 3 is outside branch 0"):
+        await store.append_gateway_turns(tenant, "s", 0, 3, [msg("assistant", "x")])
+    with pytest.raises(NotFound, match="no branch 7"):
+        await store.append_gateway_turns(tenant, "s", 7, 0, [msg("assistant", "x")])
+    with pytest.raises(ValueError, match="at least one message"):
+        await store.append_gateway_turns(tenant, "s", 0, 0, [])
+
+
+async def test_render_state_compare_and_set(make_store: StoreFactory, tenant: str) -> None:
+    a, b = make_store(), make_store()
+    try:
+        await a.ingest(tenant, "s", history(2))
+        assert await a.get_state(tenant, "s", 0) == (0, None)
+        assert await a.put_state(tenant, "s", 0, 0, b"state-1") == 1
+        assert await b.get_state(tenant, "s", 0) == (1, b"state-1")
+        with pytest.raises(VersionConflict, match="version is 1, expected 0") as err:
+            await b.put_state(tenant, "s", 0, 0, b"clobber")
+        assert err.value.current == 1
+        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2
+        assert await a.get_state(tenant, "s", 0) == (2, b"state-2")
+        with pytest.raises(NotFound):
+            await a.get_state(tenant, "s", 3)
+        with pytest.raises(NotFound):
+            await a.put_state(tenant, "nope", 0, 0, b"x")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_concurrent_state_writers_one_wins(store: SessionStore, tenant: str) -> None:
+    await store.ingest(tenant, "s", history(2))
+
+    async def write(i: int) -> int | None:
+        try:
+            return await store.put_state(tenant, "s", 0, 0, f"w{i}".encode())
+        except VersionConflict:
+            return None
+
+    results = await asyncio.gather(*(write(i) for i in range(16)))
+    assert [r for r in results if r is not None] == [1]
+
+
+async def test_assignment_compare_and_set(store: SessionStore, tenant: str) -> None:
+    assert await store.get_assignment(tenant, "s") is None
+    assert await store.set_assignment(tenant, "s", "r1", expected=None, ttl_s=30) == "r1"
+    # a second router that thought the session was free loses to the first
+    assert await store.set_assignment(tenant, "s", "r2", expected=None, ttl_s=30) == "r1"
+    assert await store.set_assignment(tenant, "s", "r2", expected="r3", ttl_s=30) == "r1"
+    assert await store.set_assignment(tenant, "s", "r2", expected="r1", ttl_s=30) == "r2"
+    assert await store.get_assignment(tenant, "s") == "r2"
+    assert await store.get_assignment(tenant, "other") is None
+
+
+async def test_assignment_expires(store: SessionStore, tenant: str) -> None:
+    await store.set_assignment(tenant, "s", "r1", expected=None, ttl_s=0.2)
+    await asyncio.sleep(0.35)
+    assert await store.get_assignment(tenant, "s") is None
+    assert await store.set_assignment(tenant, "s", "r2", expected="r1", ttl_s=30) == "r2"
+
+
+async def test_concurrent_assignment_has_one_winner(store: SessionStore, tenant: str) -> None:
+    won = await asyncio.gather(
+        *(store.set_assignment(tenant, "s", f"r{i}", expected=None, ttl_s=30) for i in range(32))
+    )
+    assert len(set(won)) == 1
+    assert await store.get_assignment(tenant, "s") == won[0]
+
+
+async def test_listing_and_deletion(store: SessionStore, tenant: str) -> None:
+    await store.ingest(tenant, "a", history(2))
+    await store.ingest(tenant, "b", history(2))
+    await store.ingest(f"{tenant}-other", "c", history(2))
+    assert sorted(await store.list_sessions(tenant)) == ["a", "b"]
+    await store.set_assignment(tenant, "a", "r1", expected=None, ttl_s=30)
+    assert await store.delete_session(tenant, "a") is True
+    assert await store.delete_session(tenant, "a") is False
+    assert await store.list_sessions(tenant) == ["b"]
+    assert await store.get_assignment(tenant, "a") is None
+    with pytest.raises(NotFound, match="no session 'a'"):
+        await store.load(tenant, "a")
+    # a deleted session starts over from scratch
+    r = await store.ingest(tenant, "a", history(3))
+    assert (r.branch_id, r.appended) == (0, 3)
+
+
+async def test_ttl_expires_unused_sessions(make_store: StoreFactory, tenant: str) -> None:
+    s = make_store(ttl_s=0.4)
+    try:
+        await s.ingest(tenant, "idle", history(2))
+        await s.ingest(tenant, "busy", history(2))
+        for _ in range(3):  # use refreshes the TTL
+            await asyncio.sleep(0.2)
+            await s.load(tenant, "busy")
+        assert await s.list_sessions(tenant) == ["busy"]
+        with pytest.raises(NotFound):
+            await s.load(tenant, "idle")
+    finally:
+        await s.close()
+
+
+async def test_size_cap_rejects_without_writing(make_store: StoreFactory, tenant: str) -> None:
+    s = make_store(max_session_bytes=4000)
+    try:
+        h = history(4)
+        await s.ingest(tenant, "s", h)
+        big = msg("tool", "".join(random.choices(string.ascii_letters, k=8000)), tool_call_id="1")
+        with pytest.raises(SessionTooLarge, match=r"over the 4000-byte cap"):
+            await s.ingest(tenant, "s", [*h, big])
+        with pytest.raises(SessionTooLarge):
+            await s.append_gateway_turns(tenant, "s", 0, 3, [big])
+        loaded = await s.load(tenant, "s")
+        assert (list(loaded.messages), dict(loaded.gateway_turns)) == (h, {})
+    finally:
+        await s.close()
+
+
+async def test_repeated_large_body_stored_once(store: SessionStore, tenant: str) -> None:
+    body = os.urandom(15000).hex()
+
+    def reads(n: int) -> list[dict]:
+        h = [msg("user", "read the file")]
+        for i in range(n):
+            h += [msg("assistant", f"read {i}"), msg("tool", body, tool_call_id=f"c{i}")]
+        return h
+
+    await store.ingest(tenant, "once", reads(1))
+    await store.ingest(tenant, "ten", reads(10))
+    assert list((await store.load(tenant, "ten")).messages) == reads(10)
+    once = await store.stored_bytes(tenant, "once")  # type: ignore[attr-defined]
+    ten = await store.stored_bytes(tenant, "ten")  # type: ignore[attr-defined]
+    assert once > len(body) // 2  # hex compresses to about half
+    assert ten - once < len(body) // 4  # 18 more small messages, not one more copy of the body
+
+
+async def test_messages_round_trip_exactly(store: SessionStore, tenant: str) -> None:
+    h = [
+        {"role": "system", "parts": [{"type": "text", "text": "sys", "meta": {"cache": True}}]},
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "thinking", "text": "hmm " * 400, "signature": "sig=="},
+                {"type": "tool_call", "id": "c1", "name": "bash", "arguments": '{"cmd": "ls"}'},
+            ],
+            "meta": {"unknown": [1, 2.5, None, {"nested": "x" * 2000}]},
+        },
+        {"role": "tool", "parts": [], "tool_call_id": "c1", "is_error": True},
+        {"role": "user", "parts": [{"type": "opaque", "data": {"image": "ü" * 600}}]},
+    ]
+    await store.ingest(tenant, "s", h)
+    assert list((await store.load(tenant, "s")).messages) == h
+
+
+async def test_bad_input_is_named(store: SessionStore, tenant: str) -> None:
+    with pytest.raises(ValueError, match="empty history"):
+        await store.ingest(tenant, "s", [])
+    with pytest.raises(TypeError, match="must be a dict"):
+        await store.ingest(tenant, "s", ["just text"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="tenant must be a non-empty string"):
+        await store.ingest("", "s", history(1))
+    with pytest.raises(ValueError, match="branch id must be a non-negative int"):
+        await store.load(tenant, "s", -1)
+    with pytest.raises(TypeError, match="string keys"):
+        await store.ingest(tenant, "s", [{"role": "user", 1: "x"}])
+
+
+async def test_ids_with_separators_do_not_collide(store: SessionStore, tenant: str) -> None:
+    await store.ingest(f"{tenant}/a", "b", history(1, "one "))
+    await store.ingest(tenant, "a/b", history(2, "two "))
+    await store.ingest(tenant, "{x}", history(3, "three "))
+    assert len((await store.load(f"{tenant}/a", "b")).messages) == 1
+    assert len((await store.load(tenant, "a/b")).messages) == 2
+    assert len((await store.load(tenant, "{x}")).messages) == 3
+
+
+async def test_64_concurrent_ingests_stay_consistent(make_store: StoreFactory, tenant: str) -> None:
+    replicas = [make_store(), make_store()]  # two gateway replicas on the same data
+    try:
+        base = history(10)
+        ext = history(6, "ext ")
+        await replicas[0].ingest(tenant, "s", base)
+        requests = (
+            [base] * 20
+            + [base + ext[:k] for k in range(1, 7)] * 3
+            + [[*base[:5], msg("user", f"retry {i}")] for i in range(26)]
+        )
+        random.Random(7).shuffle(requests)
+        results = await asyncio.gather(
+            *(replicas[i % 2].ingest(tenant, "s", r) for i, r in enumerate(requests))
+        )
+        for sent, res in zip(requests, results, strict=True):
+            assert res.step_count == len(sent)
+            stored = (await replicas[0].load(tenant, "s", res.branch_id)).messages
+            assert list(stored[: len(sent)]) == sent  # no lost turn, none duplicated
+        assert list((await replicas[1].load(tenant, "s", 0)).messages) == base + ext
+        branches = {r.branch_id for r in results}
+        assert branches == set(range(27))  # branch 0 plus one fork per distinct retry
+        # late, shorter extensions land on branch 0 too: the history has no gaps or copies
+        assert sum(r.appended for r in results) == len(ext) + 26
+        with pytest.raises(NotFound):
+            await replicas[0].load(tenant, "s", 27)
+    finally:
+        for r in replicas:
+            await r.close()
