@@ -126,12 +126,12 @@ def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
     for line in text.split("\n"):
         end = offset + len(line)
         header = _FILE_HEADER.match(line)
-        cat_header = None if header else _CAT_N_HEADER.match(line)
+        cat_header = None if header else _CAT_N_HEADER.search(line)
         item = None if header or cat_header else _classify(line, window)
         if header:
             path, window = normalize_path(header.group(1)), True
         elif cat_header:
-            path = _cat_n_path(cat_header.group(1), text[:offset]) or path_hint
+            path = _cat_n_path(cat_header.group(1), text[:end]) or path_hint
         if item is not None and run is not None and run.continues(item[0], item[1], item[2]):
             run.add(end, item[2], item[3])
         else:
