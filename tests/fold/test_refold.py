@@ -1,0 +1,280 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gateway.fold.protocol import FOLD_INSTRUCTION, reminder_text
+from gateway.fold.refold import ReFold, ReFoldCache, chunk_boundary
+from gateway.fold.renderer import RenderState, step_indices
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+from tests.fold.conftest import numbered, protocol, source_lines, text_history, tool_history, turn
+
+BIG = "\n".join(f"PASSED tests/test_mod.py::test_case_{i}" for i in range(20))
+OK = protocol("ok")
+
+
+def outputs(rendered: Transcript, history: Transcript) -> list[str]:
+    """The rendered text of each step, in order (rendered messages map 1:1 after the head)."""
+    head = len(rendered.messages) - len(history.messages)
+    return [rendered.messages[head + i].text for i in step_indices(history)]
+
+
+def plain_turns(n: int, reply: str = OK) -> list:
+    return [turn(reply, f"output of step {i}") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "b"),
+    [(0, 3, 0), (2, 3, 0), (3, 3, 0), (5, 3, 0), (6, 3, 3), (8, 3, 3), (9, 3, 6), (10, 2, 8)],
+)
+def test_chunk_boundary(t: int, k: int, b: int) -> None:
+    assert chunk_boundary(t, k) == b
+    history = tool_history(plain_turns(t))
+    stats = ReFold(k=k).render(history).stats
+    assert (stats.steps, stats.boundary) == (t, b)
+
+
+def test_bad_k_is_rejected() -> None:
+    for k in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="chunk size k must be a positive integer"):
+            ReFold(k=k)  # type: ignore[arg-type]
+
+
+def test_every_step_is_labelled_and_recent_steps_are_verbatim() -> None:
+    history = tool_history(plain_turns(4))
+    assert outputs(ReFold().render(history).transcript, history) == [
+        f"[step {i}]\noutput of step {i}" for i in range(4)
+    ]
+
+
+def test_duplicates_are_stubbed_only_below_the_boundary() -> None:
+    turns = [turn(OK, BIG), turn(OK, "x"), turn(OK, BIG), turn(OK, "y"), turn(OK, BIG)]
+    history = tool_history(turns)  # t=5 < 2k: nothing compressed yet
+    assert outputs(ReFold().render(history).transcript, history)[2] == f"[step 2]\n{BIG}"
+    history = tool_history([*turns, turn(OK, "z")])  # t=6: B=3
+    rendered = ReFold().render(history)
+    texts = outputs(rendered.transcript, history)
+    assert texts[0] == f"[step 0]\n{BIG}"
+    assert texts[2] == (
+        "[step 2]\n[duplicate of step 0: the whole output (20 lines) — restore 0 to see it again]"
+    )
+    assert texts[4] == f"[step 4]\n{BIG}"  # above the boundary: in full
+    assert rendered.stats.stubs == 1
+
+
+def test_dedup_off_keeps_duplicates() -> None:
+    history = tool_history([turn(OK, BIG)] * 6)
+    rendered = ReFold(dedup=False).render(history)
+    assert outputs(rendered.transcript, history)[1] == f"[step 1]\n{BIG}"
+    assert rendered.stats.stubs == 0
+
+
+def test_file_range_stub_uses_the_path_of_the_call() -> None:
+    view = numbered(1, source_lines(12))
+    turns = [
+        turn(OK, view, commands=["cat -n src/app.py"]),
+        turn(OK, "edit done"),
+        turn(OK, "tests:\n" + view, commands=["cat -n src/app.py"]),
+        *plain_turns(3),
+    ]
+    history = tool_history(turns)
+    texts = outputs(ReFold().render(history).transcript, history)
+    assert texts[2] == (
+        "[step 2]\ntests:\n[duplicate of step 0: src/app.py lines 1-12 — restore 0 to see it again]"
+    )
+
+
+def stale_history(stale_by_reply: list[str], k: int = 3) -> Transcript:
+    """Step i's output follows reply i; reply i+1 carries PROGRESS p{i} and a STALE line."""
+    turns = [turn(protocol("start", "-"), "output 0")]
+    for i, stale in enumerate(stale_by_reply):
+        turns.append(turn(protocol(f"p{i}", stale), f"output {i + 1}"))
+    return tool_history(turns)
+
+
+def test_stale_steps_fold_into_one_note_with_pointers() -> None:
+    # replies made with 3..5 steps may mark 0-2 stale; B reaches 3 at t=6
+    history = stale_history(["-", "-", "0-2", "-", "-"])
+    rendered = ReFold().render(history)
+    texts = outputs(rendered.transcript, history)
+    assert texts[0] == "[step 0]\nsteps 0-2 folded: p0 · p1 · p2 — restore 0-2 to see them again"
+    assert texts[1] == "[step 1]\nfolded, see the note at step 0"
+    assert texts[2] == "[step 2]\nfolded, see the note at step 0"
+    assert texts[3] == "[step 3]\noutput 3"
+    assert rendered.stats.folded_steps == 3
+
+
+def test_stale_marks_outside_the_window_are_ignored() -> None:
+    # reply 1 is made with t=2 (no window); reply 3 is made with t=4 (window 0-2): 4 is ignored
+    history = stale_history(["0-2", "-", "1, 4", "-", "-"])
+    texts = outputs(ReFold().render(history).transcript, history)
+    assert texts[0] == "[step 0]\noutput 0"
+    assert texts[1] == "[step 1]\nstep 1 folded: p1 — restore 1 to see it again"
+    assert texts[2] == "[step 2]\noutput 2"
+
+
+def test_fold_runs_merge_across_a_chunk_edge_and_separate_at_gaps() -> None:
+    #      t at reply:   1    2    3     4    5    6     7    8    9
+    history = stale_history(["-", "-", "0,2", "-", "-", "3-4", "-", "-"])
+    texts = outputs(ReFold().render(history).transcript, history)  # t=9, B=6
+    assert texts[0] == "[step 0]\nstep 0 folded: p0 — restore 0 to see it again"
+    assert texts[1] == "[step 1]\noutput 1"
+    assert texts[2] == "[step 2]\nsteps 2-4 folded: p2 · p3 · p4 — restore 2-4 to see them again"
+    assert texts[3] == "[step 3]\nfolded, see the note at step 2"
+    assert texts[4] == "[step 4]\nfolded, see the note at step 2"
+    assert texts[5] == "[step 5]\noutput 5"
+
+
+def test_fold_off_ignores_stale_lines_and_adds_no_instruction() -> None:
+    history = stale_history(["-", "-", "0-2", "-", "-"])
+    rendered = ReFold(fold=False).render(history)
+    assert outputs(rendered.transcript, history)[0] == "[step 0]\noutput 0"
+    assert rendered.transcript.messages[0] == history.messages[0]
+    assert rendered.stats.folded_steps == 0
+
+
+def test_folding_keeps_every_call_and_assistant_message() -> None:
+    turns = [turn(protocol("a"), "o0", "o1"), turn(protocol("b", "0-1"), "o2", "o3")]
+    turns += [turn(protocol("c", "2-3"), f"o{i}") for i in range(4, 9)]
+    history = tool_history(turns)
+    rendered = ReFold(k=2).render(history)
+    assert rendered.stats.folded_steps == 4
+    for original, shown in zip(history.messages[1:], rendered.transcript.messages[1:], strict=True):
+        assert shown.role == original.role and shown.tool_call_id == original.tool_call_id
+        if original.role == "assistant":
+            assert shown is original
+
+
+def test_parallel_outputs_share_the_progress_of_the_reply_after_them() -> None:
+    turns = [turn(protocol("s"), "a", "b", "c"), turn(protocol("read three files", "0-2"), "d")]
+    turns += [turn(OK, f"e{i}") for i in range(3)]
+    history = tool_history(turns)
+    texts = outputs(ReFold().render(history).transcript, history)
+    assert texts[0] == (
+        "[step 0]\nsteps 0-2 folded: read three files — restore 0-2 to see them again"
+    )
+
+
+def test_system_prompt_gets_the_protocol_instruction() -> None:
+    history = tool_history(plain_turns(1))
+    system = ReFold().render(history).transcript.messages[0]
+    assert system.role == "system"
+    assert system.parts[0] == history.messages[0].parts[0]
+    assert system.text.endswith(FOLD_INSTRUCTION)
+    bare = tool_history(plain_turns(1), system=None)
+    rendered = ReFold().render(bare).transcript
+    assert rendered.messages[0] == text_message("system", FOLD_INSTRUCTION)
+    assert rendered.messages[1:] == bare.messages[:1] + rendered.messages[2:]
+
+
+def test_reminders_escalate_and_reset() -> None:
+    replies = ["no lines", "still none", protocol("ok"), "none again", "none", "none", "none"]
+    history = tool_history([turn(r, f"out {i}") for i, r in enumerate(replies)])
+    rendered = ReFold(k=10).render(history)  # large k: everything renders in full
+    texts = outputs(rendered.transcript, history)
+    assert texts[0] == "[step 0]\nout 0\n\n" + reminder_text(1)
+    assert texts[1] == "[step 1]\nout 1\n\n" + reminder_text(2)
+    assert texts[2] == "[step 2]\nout 2"
+    assert texts[3].endswith(reminder_text(1))
+    assert texts[6].endswith(reminder_text(4))
+    assert rendered.stats.reminders == 6
+    assert ReFold(k=10, fold=False).render(history).stats.reminders == 0
+
+
+def test_reminders_stay_on_their_step_so_the_prefix_only_grows() -> None:
+    turns = [turn("no lines", "out 0"), turn("no lines", "out 1")]
+    r = ReFold()
+    before = r.render(tool_history(turns[:1])).transcript.messages
+    after = r.render(tool_history(turns)).transcript.messages
+    assert after[: len(before)] == before
+    assert after[-1].text.endswith(reminder_text(2))
+
+
+def restore_exchange(history: Transcript, reply: Message) -> tuple[Transcript, RenderState]:
+    call = ToolCall("call_r", "restore", '{"steps": "0"}')
+    messages = (
+        *history.messages,
+        replace(reply, parts=(*reply.parts, call)),
+        tool_message("call_r", "[restored step 0]\n" + history.messages[3].text),
+    )
+    return Transcript(messages), RenderState(restored=frozenset({len(messages) - 1}))
+
+
+def test_restored_messages_render_verbatim_and_are_not_steps_nor_misses() -> None:
+    history = tool_history([turn(protocol("a"), BIG)] * 7)
+    extended, state = restore_exchange(history, Message("assistant", (Text("need it"),)))
+    extended = Transcript(
+        extended.messages + tool_history([turn(OK, BIG)], system=None).messages[1:]
+    )
+    rendered = ReFold().render(extended, state)
+    restored_at = max(state.restored)
+    assert rendered.transcript.messages[restored_at] == extended.messages[restored_at]
+    assert rendered.stats.steps == 8
+    # the restore-only reply does not count as a reply without the protocol lines
+    assert rendered.stats.reminders == 0
+
+
+def test_pinned_steps_render_in_full() -> None:
+    history = tool_history([turn(protocol("a", "0-2"), BIG)] * 7)
+    state = RenderState(pinned=frozenset({1}))
+    texts = outputs(ReFold().render(history, state).transcript, history)
+    assert texts[1] == f"[step 1]\n{BIG}"
+    assert "folded" in texts[0] and "folded" in texts[2]
+
+
+def test_text_action_transcripts_fold_and_dedup() -> None:
+    turns = [turn(protocol("look", "-"), BIG)]
+    turns += [turn(protocol(f"p{i}", "0-1" if i == 2 else "-"), BIG) for i in range(8)]
+    history = text_history(turns)
+    rendered = ReFold().render(history)
+    texts = outputs(rendered.transcript, history)
+    assert texts[0] == "[step 0]\nsteps 0-1 folded: p0 · p1 — restore 0-1 to see them again"
+    # folded steps show nothing, so the first visible copy is step 2's
+    assert texts[2] == f"[step 2]\n{BIG}"
+    assert texts[3] == (
+        "[step 3]\n[duplicate of step 2: the whole output (20 lines) — restore 2 to see it again]"
+    )
+    assert rendered.transcript.messages[2] is history.messages[2]  # the action, unchanged
+
+
+def test_cache_gives_the_same_rendering_as_no_cache() -> None:
+    history = stale_history(["-", "-", "0-2", "-", "1", "3-5", "-", "-", "-", "7"])
+    r = ReFold()
+    cache = None
+    for end in range(1, len(history.messages) + 1):
+        part = history.with_messages(history.messages[:end])
+        warm = r.render(part, None, cache)
+        cache = warm.cache
+        assert warm.transcript == r.render(part).transcript
+        assert warm.stats == r.render(part).stats
+
+
+def test_a_cache_from_another_branch_or_setting_is_ignored() -> None:
+    r = ReFold()
+    a = tool_history([turn(OK, BIG), *plain_turns(8)])
+    b = tool_history([turn(OK, "different"), *plain_turns(8)])
+    cache = r.render(a).cache
+    assert isinstance(cache, ReFoldCache)
+    assert r.render(b, None, cache).transcript == r.render(b).transcript
+    longer_b = tool_history([turn(OK, "different"), *plain_turns(9)])
+    assert r.render(longer_b, None, cache).transcript == r.render(longer_b).transcript
+    other = ReFold(dedup=False)
+    assert other.render(a, None, cache).transcript == other.render(a).transcript
+    pinned = RenderState(pinned=frozenset({0}))
+    assert r.render(a, pinned, cache).transcript == r.render(a, pinned).transcript
+    assert r.render(a, None, "garbage").transcript == r.render(a).transcript
+
+
+def test_a_cache_survives_a_text_transcript_turning_into_a_tool_transcript() -> None:
+    r = ReFold()
+    text = text_history(plain_turns(7))
+    cache = r.render(text).cache
+    mixed = Transcript(
+        (
+            *text.messages,
+            Message("assistant", (ToolCall("c", "bash", "{}"),)),
+            tool_message("c", "x"),
+        )
+    )
+    assert r.render(mixed, None, cache).transcript == r.render(mixed).transcript
