@@ -18,7 +18,9 @@ Model (both backends):
   harness re-sends. A fork inherits its parent's gateway turns that follow a message
   inside the shared prefix (``after_index < fork_index``).
 - Render state is one opaque byte string per branch with a version (0 = never written);
-  ``put_state`` is a compare-and-set that raises ``VersionConflict``. Forks start empty.
+  ``put_state`` is a compare-and-set that raises ``VersionConflict``; repeating a call
+  that went through (same expected version, same data) returns its version, so a retry
+  after a lost reply is safe. Forks start empty.
 - Every call on a session refreshes its TTL. The size cap counts stored history bytes
   (message bodies, blobs, gateway turns), not render state.
 """

@@ -104,21 +104,23 @@ return {'ok', target, n, n - from, newb}
 """
 )
 
-# ARGV: ttl_ms, max_bytes, branch, after_index, m, m packed envelopes, then blob pairs.
+# ARGV: ttl_ms, max_bytes, branch, after_index, token, m, m packed envelopes, blob pairs.
+# The token makes a retried call (reply lost, connection dropped) a no-op.
 # Replies: {'ok'} | {'no_branch'} | {'bad_index', length} | {'too_large', stored, adding}.
 GATEWAY_TURNS = (
     _COMMON
     + """
-local ttl, maxb, b, after, m = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
-  tonumber(ARGV[5])
+local ttl, maxb, b, after = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local token, m = b .. ':t:' .. ARGV[5], tonumber(ARGV[6])
+if redis.call('HEXISTS', gw, token) == 1 then return {'ok'} end
 local l = redis.call('HGET', meta, 'l' .. b)
 if not l then return {'no_branch'} end
 if after >= tonumber(l) then return {'bad_index', tonumber(l)} end
 local bytes = tonumber(redis.call('HGET', meta, 'bytes') or '0')
 local add = 0
-for i = 1, m do add = add + #ARGV[5 + i] end
+for i = 1, m do add = add + #ARGV[6 + i] end
 local newblobs = {}
-for j = 6 + m, #ARGV, 2 do
+for j = 7 + m, #ARGV, 2 do
   local d = ARGV[j]
   if newblobs[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
     newblobs[d] = ARGV[j + 1]
@@ -127,7 +129,8 @@ for j = 6 + m, #ARGV, 2 do
 end
 if bytes + add > maxb then return {'too_large', bytes, add} end
 local seq = redis.call('HINCRBY', gw, b .. ':n', m) - m
-for i = 1, m do redis.call('HSET', gw, b .. ':' .. (seq + i - 1), ARGV[5 + i]) end
+for i = 1, m do redis.call('HSET', gw, b .. ':' .. (seq + i - 1), ARGV[6 + i]) end
+redis.call('HSET', gw, token, 1)
 for d, v in pairs(newblobs) do redis.call('HSET', blobs, d, v) end
 redis.call('HSET', meta, 'bytes', bytes + add)
 touch(ttl)
@@ -143,7 +146,11 @@ PUT_STATE = (
 local ttl, b, expected = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return {'no_branch'} end
 local v = tonumber(redis.call('HGET', st, b .. ':v') or '0')
-if v ~= expected then return {'conflict', v} end
+if v ~= expected then
+  -- a retry of a write that went through (its reply was lost) is not a conflict
+  if v == expected + 1 and redis.call('HGET', st, b .. ':d') == ARGV[4] then return {'ok', v} end
+  return {'conflict', v}
+end
 redis.call('HSET', st, b .. ':v', v + 1, b .. ':d', ARGV[4])
 touch(ttl)
 return {'ok', v + 1}

@@ -9,6 +9,7 @@ successful ingest). Layout: see ``store.redis_lua``. Create one store per proces
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -64,13 +65,15 @@ class RedisStore(SessionStore):
         self.timeout_s = timeout_s
         self._ns = namespace
         self._where = url.split("@")[-1]  # never echo a password in errors
-        # No client-side retries: a retried gateway-turn append or CAS could apply twice.
-        # Stale pooled connections (after a Redis restart) are replaced at checkout.
+        # One immediate retry replaces a pooled connection that went stale (Redis restarted).
+        # Every write is safe to repeat: ingest is idempotent, the CAS scripts recognise
+        # their own earlier success, gateway turns carry a token. The overall deadline
+        # (asyncio.timeout in _guard) still bounds the call.
         self._redis = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 1),
             max_connections=max_connections,
         )
         self._ingest = self._redis.register_script(redis_lua.INGEST)
@@ -199,7 +202,9 @@ class RedisStore(SessionStore):
         check_branch(branch)
         check_turns(after_index, messages)
         packed = [codec.pack_message(m) for m in messages]
-        args: list[Any] = [self._ttl_ms, self.max_session_bytes, branch, after_index, len(packed)]
+        token = os.urandom(8).hex()
+        args: list[Any] = [self._ttl_ms, self.max_session_bytes, branch, after_index, token]
+        args.append(len(packed))
         args += [codec.pack([after_index, p.body]) for p in packed]
         blobs = {ref: text for p in packed for ref, text in p.blobs.items()}
         for ref, text in blobs.items():

@@ -342,9 +342,11 @@ class SQLiteStore(SessionStore):
             sid = self._need_sid(conn, tenant, session)
             self._branch_length(conn, sid, session, branch)
             row = conn.execute(
-                "SELECT version FROM states WHERE sid=? AND branch=?", (sid, branch)
+                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
             ).fetchone()
             current = 0 if row is None else int(row[0])
+            if current == expected_version + 1 and bytes(row[1]) == data:
+                return current  # a repeated call that already went through
             if current != expected_version:
                 raise VersionConflict(expected_version, current)
             conn.execute(

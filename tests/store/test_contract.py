@@ -153,6 +153,9 @@ async def test_render_state_compare_and_set(make_store: StoreFactory, tenant: st
             await b.put_state(tenant, "s", 0, 0, b"clobber")
         assert err.value.current == 1
         assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2
+        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2  # a retried call
+        with pytest.raises(VersionConflict):
+            await b.put_state(tenant, "s", 0, 1, b"different")
         assert await a.get_state(tenant, "s", 0) == (2, b"state-2")
         with pytest.raises(NotFound):
             await a.get_state(tenant, "s", 3)
