@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gateway.importers import Trajectory, TrajectoryFormatError, load_trajectories
 from gateway.replay import (
+    FOLD_MODES,
     MODEL_KV_BYTES_PER_TOKEN,
     ReplayConfig,
     build_renderers,
@@ -106,6 +107,15 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
     help="Preset for --kv-bytes-per-token.",
 )
 @click.option(
+    "--fold",
+    type=click.Choice(FOLD_MODES),
+    default="auto",
+    show_default=True,
+    help="ReFold's fold operator: auto = on only for sessions whose replies carry "
+    "PROGRESS/STALE lines (recorded runs do not, so their replay gets no fold prompt or "
+    "reminders); on = always render the fold prompt and reminders.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -129,6 +139,7 @@ def replay_command(
     cache_blocks: int | None,
     kv_bytes_per_token: int | None,
     model: str,
+    fold: str,
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
@@ -159,11 +170,12 @@ def replay_command(
             block_size=block_size,
             cache_blocks=cache_blocks,
             kv_bytes_per_token=kv_bytes_per_token or MODEL_KV_BYTES_PER_TOKEN[model],
+            fold=fold,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    try:
-        renderers = build_renderers(config, chat)
+    try:  # check the specs before loading any file
+        build_renderers(config, chat)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--strategy") from exc
     trajectories = _load(paths)
@@ -172,7 +184,7 @@ def replay_command(
     columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("replay", total=total)
-        result = replay(trajectories, chat, config, renderers, lambda: progress.advance(task))
+        result = replay(trajectories, chat, config, on_request=lambda: progress.advance(task))
     elapsed = time.perf_counter() - started
     # A pipe gets a wide table rather than one squeezed into 80 columns.
     print_report(result, Console() if sys.stdout.isatty() else Console(width=170))

@@ -10,7 +10,7 @@ sticky replica). The result holds per-request series and per-strategy totals.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from gateway.transcript import Message, Transcript
 MODEL_KV_BYTES_PER_TOKEN: dict[str, int] = {"qwen3.6-27b": 16 * 4 * 256 * 2 * 2}
 
 GIB = 1024**3
+FOLD_MODES = ("auto", "on", "off")
 _FOLD_LINES = re.compile(r"^\s*PROGRESS:.*\n\s*STALE:", re.MULTILINE)
 
 
@@ -53,8 +54,14 @@ class ReplayConfig:
     block_size: int = 16
     cache_blocks: int | None = None
     kv_bytes_per_token: int = MODEL_KV_BYTES_PER_TOKEN["qwen3.6-27b"]
+    # ReFold's fold operator: "auto" turns it on only for sessions whose replies carry
+    # PROGRESS/STALE lines. A recorded agent never answered the fold prompt, so replaying
+    # it with fold on would add a prompt and reminders the real run never had.
+    fold: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.fold not in FOLD_MODES:
+            raise ValueError(f"fold must be one of {', '.join(FOLD_MODES)}, got {self.fold!r}")
         if not self.strategies:
             raise ValueError("at least one strategy is needed")
         if len(set(self.strategies)) != len(self.strategies):
@@ -118,13 +125,20 @@ class ReplayResult:
     tokenizer_is_estimate: bool
     config: ReplayConfig
     runs: list[SessionRun]
-    fold_active: list[str]  # trajectories whose replies carry PROGRESS/STALE lines
+    fold_active: list[str]  # sessions replayed with ReFold's fold operator on
     totals: dict[str, StrategyTotals] = field(default_factory=dict)
 
     def operators_note(self) -> str:
         """Which ReFold operators this replay exercised."""
-        if self.fold_active:
-            fold = f"fold active in {len(self.fold_active)} of {self.trajectory_count} sessions"
+        if not any("refold" in spec.split("+") for spec in self.config.strategies):
+            return "ReFold operators: n/a (no refold strategy)"
+        sessions = self.trajectory_count
+        if self.config.fold == "off":
+            fold = "fold off (--fold off)"
+        elif self.config.fold == "on":
+            fold = f"fold on in all {sessions} sessions (--fold on: fold prompt and reminders)"
+        elif self.fold_active:
+            fold = f"fold active in {len(self.fold_active)} of {sessions} sessions"
         else:
             fold = "fold inactive: no PROGRESS/STALE lines in the recorded replies"
         return f"ReFold operators: dedup: yes; {fold}"
@@ -242,49 +256,56 @@ def _totals(strategy: str, runs: list[SessionRun], kv_bytes: int) -> StrategyTot
 
 
 def build_renderers(
-    config: ReplayConfig, chat: ChatTokenizer, make_renderer: RendererFactory | None = None
+    config: ReplayConfig,
+    chat: ChatTokenizer,
+    make_renderer: RendererFactory | None = None,
+    *,
+    fold: bool = True,
 ) -> dict[str, Renderer]:
     """One renderer per strategy (shared by all sessions: caches are kept per session).
 
     ``make_renderer(spec, k=..., budget=..., count_tokens=...)`` defaults to the registry in
     ``gateway.fold``; an unknown spec raises its ``ValueError``. Renderers count tokens with
-    ``chat`` so their budgets use the replay's tokenizer (and share its memo).
+    ``chat`` so their budgets use the replay's tokenizer (and share its memo). ``fold=False``
+    turns ReFold's fold operator off in the specs that contain refold.
     """
     if make_renderer is None:
         from gateway.fold import make_renderer
     count_tokens: TokenCount = chat.message_count
-    return {
-        s: make_renderer(s, k=config.k, budget=config.budget, count_tokens=count_tokens)
-        for s in config.strategies
-    }
+    renderers = {}
+    for spec in config.strategies:
+        options = {} if fold or "refold" not in spec.split("+") else {"fold": False}
+        renderers[spec] = make_renderer(
+            spec, k=config.k, budget=config.budget, count_tokens=count_tokens, **options
+        )
+    return renderers
 
 
 def replay(
     trajectories: Iterable[TrajectoryLike],
     chat: ChatTokenizer,
     config: ReplayConfig,
-    renderers: Mapping[str, Renderer] | None = None,
+    make_renderer: RendererFactory | None = None,
     on_request: Callable[[], None] | None = None,
 ) -> ReplayResult:
     """Replay every trajectory under every strategy of ``config``.
 
-    ``renderers`` maps each strategy to its renderer; by default :func:`build_renderers`.
-    ``on_request`` is called after each rendered request (progress bars).
+    ``make_renderer`` is passed to :func:`build_renderers`; ``on_request`` is called after
+    each rendered request (progress bars).
     """
-    if renderers is None:
-        renderers = build_renderers(config, chat)
-    missing = [s for s in config.strategies if s not in renderers]
-    if missing:
-        raise ValueError(f"no renderer for strategy {', '.join(missing)}")
+    renderer_sets: dict[bool, dict[str, Renderer]] = {}
     runs: list[SessionRun] = []
     fold_active: list[str] = []
     for trajectory in trajectories:
-        if carries_fold_lines(trajectory.transcript):
+        fold = config.fold == "on" or (
+            config.fold == "auto" and carries_fold_lines(trajectory.transcript)
+        )
+        if fold:
             fold_active.append(trajectory.id)
-        for strategy in config.strategies:
-            runs.append(
-                replay_session(trajectory, renderers[strategy], strategy, chat, config, on_request)
-            )
+        if fold not in renderer_sets:
+            renderer_sets[fold] = build_renderers(config, chat, make_renderer, fold=fold)
+        for strategy, renderer in renderer_sets[fold].items():
+            runs.append(replay_session(trajectory, renderer, strategy, chat, config, on_request))
     result = ReplayResult(
         tokenizer=chat.counter.name,
         tokenizer_is_estimate=chat.counter.is_estimate,

@@ -26,7 +26,7 @@ def test_replay_writes_json_and_plot(tmp_path: Path) -> None:
             "replay",
             str(EXAMPLE),
             "--strategy",
-            "base,cliff,mask,clip",
+            "base,refold,cliff,mask,clip",
             "--budget",
             "2000",
             "--tokenizer",
@@ -42,7 +42,7 @@ def test_replay_writes_json_and_plot(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["tokenizer_is_estimate"] is True
     totals = data["totals"]
-    assert list(totals) == ["base", "cliff", "mask", "clip"]
+    assert list(totals) == ["base", "refold", "cliff", "mask", "clip"]
     assert totals["base"]["requests"] == 13  # 12 tool steps + the final answer
     assert totals["base"]["rewrites"] == 0
     assert totals["cliff"]["prompt_tokens"] < totals["base"]["prompt_tokens"]

@@ -8,7 +8,6 @@ from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
 from gateway.replay import (
     GIB,
     ReplayConfig,
-    build_renderers,
     carries_fold_lines,
     replay,
     requests_of,
@@ -68,7 +67,7 @@ TRAJ = Traj("t1", "test", Transcript(messages=MSGS))
 
 def run_replay(cfg: ReplayConfig):
     chat = ChatTokenizer(CharCounter())
-    return replay([TRAJ], chat, cfg, build_renderers(cfg, chat, factory))
+    return replay([TRAJ], chat, cfg, factory)
 
 
 def size(msgs: tuple[Message, ...]) -> int:
@@ -118,13 +117,23 @@ def test_rewrites_budget_and_compactions_are_counted() -> None:
     assert result.totals["last2"].prompt_tokens < result.totals["base"].prompt_tokens
 
 
-def test_fold_operator_note() -> None:
-    cfg = ReplayConfig(strategies=("base",))
-    result = run_replay(cfg)
-    assert "fold inactive: no PROGRESS/STALE lines" in result.operators_note()
+def test_fold_operator_is_off_for_recorded_replies_unless_forced() -> None:
+    auto = run_replay(ReplayConfig(strategies=("base", "refold")))
+    assert auto.fold_active == []
+    assert "dedup: yes; fold inactive: no PROGRESS/STALE lines" in auto.operators_note()
+    forced = run_replay(ReplayConfig(strategies=("base", "refold"), fold="on"))
+    assert forced.fold_active == ["t1"]
+    assert "fold on" in forced.operators_note()
+    # fold on renders the fold prompt (and reminders) the recorded agent never saw
+    assert forced.totals["refold"].prompt_tokens > auto.totals["refold"].prompt_tokens
+    assert "n/a" in run_replay(ReplayConfig(strategies=("base",))).operators_note()
+
+
+def test_fold_lines_detection() -> None:
     folding = text_message("assistant", "PROGRESS: read a.py\nSTALE: 0\nnext")
     assert carries_fold_lines(Transcript(messages=(folding,)))
     assert not carries_fold_lines(Transcript(messages=(text_message("user", "PROGRESS: x"),)))
+    assert not carries_fold_lines(Transcript(messages=(text_message("assistant", "PROGRESS: x"),)))
 
 
 def test_json_has_totals_and_series() -> None:
@@ -142,6 +151,7 @@ def test_json_has_totals_and_series() -> None:
         ({"strategies": ("base", "base")}, "listed twice"),
         ({"strategies": ("base",), "k": 0}, "k must be"),
         ({"strategies": ("base",), "budget": 0}, "budget"),
+        ({"strategies": ("base",), "fold": "maybe"}, "fold must be one of"),
     ],
 )
 def test_bad_config(kwargs: dict, msg: str) -> None:
