@@ -16,9 +16,10 @@ from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats, 
 from gateway.transcript import Message, Text, Transcript
 
 
-def _non_negative(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+def require_int(name: str, value: object, minimum: int = 0) -> int:
+    """``value`` if it is an integer >= ``minimum``; else an error naming the parameter."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -37,7 +38,7 @@ class _OldOutputs(Renderer):
     """Rewrites every step older than the last ``keep_last`` with ``_rewrite``."""
 
     def __init__(self, keep_last: int) -> None:
-        self.keep_last = _non_negative("keep_last", keep_last)
+        self.keep_last = require_int("keep_last", keep_last)
 
     def _rewrite(self, message: Message, step: int) -> Message | None:
         """The replacement for step ``step``, or None to keep it as is."""
@@ -83,7 +84,7 @@ class Clip(_OldOutputs):
 
     def __init__(self, keep_last: int = 3, max_chars: int = 1_000) -> None:
         super().__init__(keep_last)
-        self.max_chars = _non_negative("max_chars", max_chars)
+        self.max_chars = require_int("max_chars", max_chars)
 
     def _rewrite(self, message: Message, step: int) -> Message | None:
         text = message.text

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.fold.baselines import require_int
 from gateway.fold.renderer import (
     Rendered,
     Renderer,
@@ -88,13 +89,6 @@ class _Candidate:
         return head_tokens + self.summary_tokens + self.kept_tokens
 
 
-def _non_negative(name: str, value: int | None, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-
-
 def head_end(messages: Sequence[Message]) -> int:
     """End of the verbatim head: the leading system messages and the first user message."""
     i = 0
@@ -133,20 +127,18 @@ class Cliff(Renderer):
         hard_thought_cap: int = 100,
         count_tokens: TokenCount = estimate_tokens,
     ) -> None:
-        _non_negative("threshold", threshold)
-        if threshold == 0:
-            raise ValueError("threshold must be a positive token count, got 0")
-        if isinstance(keep_turns, bool) or not isinstance(keep_turns, int) or keep_turns < 1:
-            raise ValueError(f"keep_turns must be an integer >= 1, got {keep_turns!r}")
+        require_int("threshold", threshold, 1)
+        require_int("keep_turns", keep_turns, 1)
         for name, value in (
             ("user_cap", user_cap),
             ("call_arg_cap", call_arg_cap),
             ("result_max", result_max),
             ("hard_thought_cap", hard_thought_cap),
         ):
-            _non_negative(name, value)
-        _non_negative("assistant_cap", assistant_cap, optional=True)
-        _non_negative("thinking_cap", thinking_cap, optional=True)
+            require_int(name, value)
+        for name, cap in (("assistant_cap", assistant_cap), ("thinking_cap", thinking_cap)):
+            if cap is not None:  # None: uncapped
+                require_int(name, cap)
         self.threshold = threshold
         self.keep_turns = keep_turns
         self.user_cap = user_cap
@@ -156,10 +148,7 @@ class Cliff(Renderer):
         self._caps = _Caps(assistant_cap, thinking_cap)
         # The ladder's "cap thoughts harder": assistant text and thinking both go down to it.
         self._hard_caps = _Caps(
-            *(
-                hard_thought_cap if c is None else min(c, hard_thought_cap)
-                for c in (assistant_cap, thinking_cap)
-            )
+            _lower(assistant_cap, hard_thought_cap), _lower(thinking_cap, hard_thought_cap)
         )
         # A cache made under other parameters is not reused.
         self._config: tuple[Any, ...] = (

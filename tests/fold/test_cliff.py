@@ -160,6 +160,20 @@ def test_caps_on_user_assistant_and_thinking_text() -> None:
     ]
 
 
+def test_cap_none_keeps_assistant_text_whole_and_cap_zero_leaves_thinking_out() -> None:
+    messages = [text_message("system", "SYS"), text_message("user", "TASK")]
+    messages += [call("A" * 3000, "c0", "bash", "{}", thinking="T" * 50)]
+    messages += [tool_message("c0", "o" * 5000)]
+    for i in range(1, 4):
+        messages += [call("", f"c{i}", "bash", "{}"), tool_message(f"c{i}", "z")]
+    history = Transcript(tuple(messages))
+    cliff = Cliff(
+        total(history.messages) - 1, assistant_cap=None, thinking_cap=0, count_tokens=chars
+    )
+    lines = summary_of(cliff.render(history).transcript).split("\n")
+    assert lines[1:3] == [f"assistant: {'A' * 3000}", "call: bash({})"]
+
+
 def test_paper_preset_caps_assistant_and_thinking_at_300() -> None:
     messages = [text_message("system", "SYS"), text_message("user", "TASK")]
     messages += [call("A" * 1000, "c0", "bash", "{}", thinking="T" * 1000), tool_message("c0", "o")]
