@@ -239,6 +239,10 @@ def encode_request(t: Transcript) -> dict[str, Any]:
     lead = 0
     while lead < len(t.messages) and t.messages[lead].role == "system":
         lead += 1
+    if lead == len(t.messages):
+        raise DialectError(
+            "Anthropic Messages needs a message after the system prompt", param="messages"
+        )
     body: dict[str, Any] = dict(params)
     if lead:
         body["system"] = _encode_system(t.messages[:lead], source)
