@@ -104,7 +104,8 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
     type=click.Choice(sorted(MODEL_KV_BYTES_PER_TOKEN)),
     default="qwen3.6-27b",
     show_default=True,
-    help="Preset for --kv-bytes-per-token.",
+    help="Preset for --kv-bytes-per-token (qwen3.6-27b: 65,536 B/token, only its 16 "
+    "full-attention layers keep a KV cache).",
 )
 @click.option(
     "--fold",
@@ -113,7 +114,7 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
     show_default=True,
     help="ReFold's fold operator: auto = on only for sessions whose replies carry "
     "PROGRESS/STALE lines (recorded runs do not, so their replay gets no fold prompt or "
-    "reminders); on = always render the fold prompt and reminders.",
+    "reminders); on = always render the fold prompt and reminders; off = dedup only.",
 )
 @click.option(
     "--json",
@@ -152,7 +153,10 @@ def replay_command(
     totals: prompt tokens, uncached prefill, cache hit rate, peak context and KV memory,
     prefix rewrites, steps over budget, compactions, stubs, folded steps.
 
-    Example: foldgate replay examples/session.jsonl --strategy base,refold,cliff
+    \b
+    Examples:
+      foldgate replay examples/inventory-reserve-fix.jsonl --budget 2000
+      foldgate replay traces/ --strategy base,refold --json out.json --plot out.png
     """
     console = Console(stderr=True)
     spec = tokenizer or default_tokenizer_spec()
