@@ -120,7 +120,7 @@ class ChunkAccumulator:
     def __init__(self) -> None:
         self.content: list[str] = []
         self.thinking: list[str] = []
-        self.thinking_field = "reasoning_content"
+        self.thinking_field = ""  # the field the first thinking delta came in
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.matched_stop: Any = None
@@ -139,7 +139,8 @@ class ChunkAccumulator:
             delta = choice.get("delta") or {}
             thinking = _thinking_text(delta)
             if thinking is not None:
-                self.thinking_field = _thinking_field(delta)
+                if not self.thinking:
+                    self.thinking_field = _thinking_field(delta)
                 self.thinking.append(thinking)
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
