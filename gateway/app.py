@@ -1,0 +1,154 @@
+"""The HTTP surface: FastAPI routes over the pipeline, errors in each dialect's own shape.
+
+No ``from __future__ import annotations`` here: Ray Serve's ingress resolves these route
+signatures at run time.
+"""
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway import metrics
+from gateway.config import GatewayConfig
+from gateway.dialects.errors import DialectError, too_large
+from gateway.endpoints import ANTHROPIC, OPENAI, Endpoint
+from gateway.identity import UnknownApiKey
+from gateway.pipeline import Pipeline
+from gateway.upstream import UpstreamClient, UpstreamError
+from router import NoHealthyReplica, ReplicaPool, make_policy
+from store import SessionTooLarge, StoreUnavailable, open_store
+
+log = logging.getLogger("foldgate")
+
+RETRY_AFTER_S = "2"
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    """The gateway app; opens the store and starts the replica pool in its lifespan."""
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(config.store_url)
+        pool = _make_pool(config)
+        await pool.start()
+        upstream = UpstreamClient(config.connect_timeout_s, config.upstream_timeout_s)
+        policy = make_policy(
+            config.policy,
+            assignments=store,
+            ttl_s=config.assignment_ttl_s,
+            rehome_margin=config.rehome_margin,
+        )
+        state["pipeline"] = Pipeline(config, store, pool, policy, upstream)
+        try:
+            yield
+        finally:
+            await upstream.close()
+            await pool.close()
+            await store.close()
+
+    app = FastAPI(title="foldgate", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    async def handle(endpoint: Endpoint, request: Request) -> Response:
+        pipeline: Pipeline = state["pipeline"]
+        strategy = request.headers.get(config.strategy_header) or config.strategy
+        status = "error"
+        try:
+            body = await _read_json(request, config.max_body_bytes)
+            transcript = endpoint.decode(body)
+            prepared = await pipeline.prepare(transcript, body, request.headers)
+            strategy = prepared.strategy
+            replica, rendered_tokens, chunks = await pipeline.run(prepared)
+            headers = {
+                "x-foldgate-session": prepared.session,
+                "x-foldgate-replica": replica.url,
+                "x-foldgate-prompt-tokens-raw": str(prepared.raw_tokens),
+                "x-foldgate-prompt-tokens-rendered": str(rendered_tokens),
+            }
+            status = "ok"
+            if prepared.stream:
+                return StreamingResponse(
+                    endpoint.stream(chunks), media_type="text/event-stream", headers=headers
+                )
+            return JSONResponse(await endpoint.response(chunks), headers=headers)
+        except DialectError as exc:
+            return endpoint.error(exc)
+        except UnknownApiKey as exc:
+            return endpoint.error(DialectError(str(exc), status=401, kind="authentication_error"))
+        except SessionTooLarge as exc:
+            return endpoint.error(too_large(str(exc)))
+        except StoreUnavailable as exc:
+            log.warning("store unavailable: %s", exc)
+            return endpoint.error(
+                DialectError(
+                    "session store unavailable, retry", status=503, kind="overloaded_error"
+                ),
+                headers={"retry-after": RETRY_AFTER_S},
+            )
+        except NoHealthyReplica as exc:
+            return endpoint.error(
+                DialectError(str(exc), status=503, kind="overloaded_error"),
+                headers={"retry-after": RETRY_AFTER_S},
+            )
+        except UpstreamError as exc:
+            return endpoint.upstream_error(exc)
+        finally:
+            metrics.REQUESTS.labels(endpoint.name, strategy, status).inc()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle(OPENAI, request)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await handle(ANTHROPIC, request)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        pipeline: Pipeline = state["pipeline"]
+        data = await pipeline.models()
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> Response:
+        pipeline: Pipeline = state["pipeline"]
+        healthy = [r.url for r in pipeline.pool.healthy()]
+        body = {"status": "ok" if healthy else "degraded", "healthy_replicas": healthy}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _make_pool(config: GatewayConfig) -> ReplicaPool:
+    if config.replica_dns:
+        host, _, port = config.replica_dns.rpartition(":")
+        return ReplicaPool(dns_name=host, port=int(port), probe_interval_s=config.probe_interval_s)
+    return ReplicaPool(config.replicas, probe_interval_s=config.probe_interval_s)
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
+    raw = bytearray()
+    async for piece in request.stream():
+        raw.extend(piece)
+        if len(raw) > limit:
+            raise too_large(f"request body exceeds the limit of {limit} bytes")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise DialectError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise DialectError("request body must be a JSON object")
+    return body

@@ -1,0 +1,33 @@
+"""Prometheus metrics of the request pipeline (routing metrics live in ``router``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+REQUESTS = Counter(
+    "foldgate_requests_total",
+    "Requests by dialect, strategy and status",
+    ["dialect", "strategy", "status"],
+)
+PROMPT_TOKENS = Counter(
+    "foldgate_prompt_tokens_total",
+    "Prompt tokens before (raw) and after (rendered) rendering, estimated by the gateway",
+    ["kind"],
+)
+UPSTREAM_CACHED_TOKENS = Counter(
+    "foldgate_upstream_cached_tokens_total", "Prompt tokens the upstream reported as prefix-cached"
+)
+UPSTREAM_PROMPT_TOKENS = Counter(
+    "foldgate_upstream_prompt_tokens_total", "Prompt tokens the upstream reported"
+)
+STUBS = Counter("foldgate_stubs_total", "Duplicate spans replaced by stubs in rendered contexts")
+FOLDS = Counter("foldgate_folded_steps_total", "Steps rendered as fold notes")
+RESTORES = Counter("foldgate_restores_total", "Restore calls answered inside the gateway", ["mode"])
+RENDER_SECONDS = Histogram(
+    "foldgate_render_seconds",
+    "Time to render one request's context",
+    buckets=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+)
+UPSTREAM_ERRORS = Counter(
+    "foldgate_upstream_errors_total", "Upstream attempts that failed", ["kind"]
+)

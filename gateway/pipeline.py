@@ -1,0 +1,317 @@
+"""One request through the gateway: ingest -> render -> route -> forward -> restore loop -> account.
+
+The pipeline is dialect-neutral: an ``Endpoint`` (``gateway.endpoints``) decodes the
+client's body into a transcript and writes the upstream's OpenAI chunks back in the
+client's dialect. Every reply is read upstream as a stream of OpenAI chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import metrics
+from gateway.config import GatewayConfig
+from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import decode_reply, encode_request
+from gateway.fold import make_renderer
+from gateway.fold.renderer import Renderer, RenderState, estimate_tokens
+from gateway.fold.restore import (
+    parse_restore_spec,
+    restore_outputs,
+    restore_tool_schema,
+)
+from gateway.identity import resolve_session, resolve_tenant
+from gateway.replies import Decision, ReplyFilter
+from gateway.transcript import Message, Text, Transcript
+from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
+from router import ReplicaPool, RoutingPolicy, with_failover
+from router.replica import Replica
+from store import VersionConflict
+
+RENDER_CACHE_SESSIONS = 4096
+
+
+@dataclass
+class Prepared:
+    """A decoded, ingested request, ready to render and forward."""
+
+    tenant: str
+    session: str
+    branch: int
+    strategy: str
+    transcript: Transcript
+    history: list[Message]
+    state: RenderState
+    text_actions: bool
+    stream: bool
+    raw_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: Any,
+        pool: ReplicaPool,
+        policy: RoutingPolicy,
+        upstream: UpstreamClient,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.pool = pool
+        self.policy = policy
+        self.upstream = upstream
+        self._renderers: dict[str, Renderer] = {}
+        self._caches: OrderedDict[tuple[str, str, int, str], Any] = OrderedDict()
+        self.upstream_model = config.upstream_model
+        self._model_discovered = False
+
+    def renderer(self, strategy: str) -> Renderer:
+        if strategy not in self._renderers:
+            try:
+                self._renderers[strategy] = make_renderer(
+                    strategy, k=self.config.k, budget=self.config.budget
+                )
+            except ValueError as exc:
+                raise DialectError(str(exc), param=self.config.strategy_header) from exc
+        return self._renderers[strategy]
+
+    async def prepare(
+        self, transcript: Transcript, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> Prepared:
+        tenant = resolve_tenant(headers, self.config)
+        session = resolve_session(headers, body, tenant, transcript, self.config)
+        strategy = headers.get(self.config.strategy_header) or self.config.strategy
+        self.renderer(strategy)
+        stored = await self.store.ingest(
+            tenant, session, [m.to_dict() for m in transcript.messages]
+        )
+        history, restored = await self._history(tenant, session, stored.branch_id, transcript)
+        return Prepared(
+            tenant=tenant,
+            session=session,
+            branch=stored.branch_id,
+            strategy=strategy,
+            transcript=transcript,
+            history=history,
+            state=RenderState(restored=frozenset(restored)),
+            text_actions=not transcript.tools,
+            stream=bool(body.get("stream")),
+            raw_tokens=sum(estimate_tokens(m) for m in transcript.messages),
+        )
+
+    async def _history(
+        self, tenant: str, session: str, branch: int, transcript: Transcript
+    ) -> tuple[list[Message], list[int]]:
+        """The harness's messages with the gateway's own turns (restores) put back in place."""
+        turns = (await self.store.load(tenant, session, branch)).gateway_turns
+        history: list[Message] = []
+        restored: list[int] = []
+        for position in range(len(transcript.messages) + 1):
+            if position < len(transcript.messages):
+                history.append(transcript.messages[position])
+            for raw in turns.get(position, ()):
+                message = Message.from_dict(raw)
+                if message.role != "assistant":
+                    restored.append(len(history))
+                history.append(message)
+        return history, restored
+
+    def render(self, prepared: Prepared) -> tuple[Transcript, int]:
+        renderer = self.renderer(prepared.strategy)
+        key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
+        started = time.perf_counter()
+        rendered = renderer.render(
+            prepared.transcript.with_messages(prepared.history),
+            prepared.state,
+            self._caches.get(key),
+        )
+        metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
+        self._caches[key] = rendered.cache
+        self._caches.move_to_end(key)
+        while len(self._caches) > RENDER_CACHE_SESSIONS:
+            self._caches.popitem(last=False)
+        metrics.STUBS.inc(rendered.stats.stubs)
+        metrics.FOLDS.inc(rendered.stats.folded_steps)
+        tokens = sum(estimate_tokens(m) for m in rendered.transcript.messages)
+        return rendered.transcript, tokens
+
+    def upstream_body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
+        """The rendered context as a streaming chat request for a vLLM replica."""
+        body = encode_request(rendered)
+        if body.get("tools") and "refold" in prepared.strategy.split("+"):
+            body["tools"] = [*body["tools"], restore_tool_schema()]
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if self.upstream_model:
+            body["model"] = self.upstream_model
+        return body
+
+    async def models(self) -> list[dict[str, Any]]:
+        """What the replicas serve (the first healthy replica that answers)."""
+        for replica in self.pool.healthy():
+            try:
+                return list((await self.upstream.get_json(f"{replica.url}/v1/models"))["data"])
+            except (UpstreamError, OSError, ValueError, KeyError):
+                continue
+        return []
+
+    async def _discover_model(self) -> None:
+        """With no configured upstream model, use the replicas' one model when they serve one."""
+        if self.upstream_model is None and not self._model_discovered:
+            served = await self.models()
+            self._model_discovered = bool(served)
+            if len(served) == 1:
+                self.upstream_model = served[0]["id"]
+
+    async def open(self, prepared: Prepared, body: dict[str, Any]) -> tuple[Replica, ChatStream]:
+        """Route and open the upstream stream, failing over before the first chunk."""
+
+        async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
+            try:
+                return replica, await self.upstream.open_chat_stream(replica.url, body)
+            except UpstreamError as exc:
+                metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
+                raise
+
+        return await with_failover(
+            self.policy,
+            self.pool,
+            prepared.tenant,
+            prepared.session,
+            attempt,
+            max_attempts=self.config.max_attempts,
+        )
+
+    async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
+        """Open the first upstream attempt; return the replica, the rendered prompt's token
+        estimate and the chunks for the client.
+
+        Routing and upstream errors before the first chunk raise from here, so the caller
+        can still answer with a proper error status.
+        """
+        await self._discover_model()
+        rendered, tokens = self.render(prepared)
+        replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+        metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
+        metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
+        return replica, tokens, self._chunks(prepared, replica, stream)
+
+    async def _chunks(
+        self, prepared: Prepared, replica: Replica, stream: ChatStream
+    ) -> AsyncIterator[dict[str, Any]]:
+        restores = 0
+        usage: list[dict[str, Any]] = []
+        first = True
+        while True:
+            reply_filter = ReplyFilter(text_actions=prepared.text_actions, first_attempt=first)
+            with replica.track():
+                async for chunk in stream:
+                    for out in reply_filter.feed(chunk):
+                        yield out
+            released, decision = reply_filter.finish()
+            for out in released:
+                yield out
+            if decision.usage:
+                usage.append(dict(decision.usage))
+            if not decision.restores:
+                break
+            if restores >= self.config.max_restores:
+                break
+            restores += 1
+            await self._answer_restore(prepared, decision)
+            if decision.other_calls:
+                # The other calls went to the harness; the restored content, recorded,
+                # joins the context of its next request.
+                break
+            rendered, _ = self.render(prepared)
+            replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+            first = False
+        for out in decision.tail:
+            yield out
+        await self._account(prepared, usage, restores)
+
+    async def _answer_restore(self, prepared: Prepared, decision: Decision) -> None:
+        """Answer a restore request from the history and record the exchange.
+
+        The exchange is recorded after the request's last message, so the model's next
+        attempt (and every later render) sees it before the model's reply.
+        """
+        asked = decode_reply(decision.asked)
+        if prepared.text_actions:
+            answers = [Message("user", (Text(self._restored_text(prepared, decision.restores)),))]
+        else:
+            answers = [
+                Message(
+                    "tool",
+                    (Text(self._restored_text(prepared, [spec])),),
+                    tool_call_id=call["id"],
+                )
+                for call, spec in zip(decision.restore_calls, decision.restores, strict=True)
+            ]
+        metrics.RESTORES.labels(mode="text" if prepared.text_actions else "tool").inc()
+        await self.store.append_gateway_turns(
+            prepared.tenant,
+            prepared.session,
+            prepared.branch,
+            len(prepared.transcript.messages) - 1,
+            [m.to_dict() for m in (asked, *answers)],
+        )
+        prepared.history, restored = await self._history(
+            prepared.tenant, prepared.session, prepared.branch, prepared.transcript
+        )
+        prepared.state = RenderState(restored=frozenset(restored))
+
+    def _restored_text(self, prepared: Prepared, specs: list[str]) -> str:
+        history = prepared.transcript.with_messages(prepared.history)
+        parts = []
+        for spec in specs:
+            try:
+                first, last = parse_restore_spec(spec)
+                for step, text in restore_outputs(history, prepared.state, first, last):
+                    parts.append(f"[restored step {step}]\n{text}")
+            except ValueError as exc:
+                parts.append(f"restore {spec} failed: {exc}")
+        return "\n\n".join(parts)
+
+    async def _account(
+        self, prepared: Prepared, usage: list[dict[str, Any]], restores: int
+    ) -> None:
+        prompt = sum(u.get("prompt_tokens", 0) for u in usage)
+        cached = sum(
+            (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0 for u in usage
+        )
+        metrics.UPSTREAM_PROMPT_TOKENS.inc(prompt)
+        metrics.UPSTREAM_CACHED_TOKENS.inc(cached)
+        delta = {
+            "requests": 1,
+            "raw_tokens": prepared.raw_tokens,
+            "upstream_prompt_tokens": prompt,
+            "upstream_cached_tokens": cached,
+            "restores": restores,
+        }
+        for _ in range(8):
+            version, data = await self.store.get_state(
+                prepared.tenant, prepared.session, prepared.branch
+            )
+            totals = json.loads(data) if data else {}
+            for name, value in delta.items():
+                totals[name] = totals.get(name, 0) + value
+            try:
+                await self.store.put_state(
+                    prepared.tenant,
+                    prepared.session,
+                    prepared.branch,
+                    version,
+                    json.dumps(totals).encode(),
+                )
+                return
+            except VersionConflict:
+                await asyncio.sleep(0)

@@ -1,0 +1,169 @@
+"""Reading a model reply chunk by chunk: what the client may see now, and restore requests.
+
+``ReplyFilter`` is fed the upstream's ``chat.completion.chunk`` dicts and returns the chunks
+to pass on at once. Only what could turn out to be a restore is held back: a tool call until
+its name is known, and in text-action sessions a fenced command block until it closes.
+Everything else streams with no added delay. The finish reason and usage are held until
+the reply is decided, since a restore-only reply is answered inside the gateway and the
+client's reply goes on with the model's next attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.dialects.responses import ChunkAccumulator
+from gateway.fold.restore import RESTORE_TOOL_NAME
+
+_FENCE = "```"
+_RESTORE_BLOCK = re.compile(
+    r"^\s*```[a-z]*\s*\n?\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*\n?\s*```\s*$", re.IGNORECASE
+)
+
+
+def text_restore(held: str) -> str | None:
+    """The step spec when ``held`` is one command block holding only ``restore N`` / ``i-j``."""
+    match = _RESTORE_BLOCK.match(held)
+    return re.sub(r"\s+", "", match.group(1)) if match else None
+
+
+@dataclass
+class Decision:
+    """How a finished reply ended."""
+
+    restores: list[str]
+    """Step specs ("5", "3-7") the reply asked to restore."""
+    restore_calls: list[dict[str, Any]]
+    """The restore tool calls themselves (tool-calling sessions)."""
+    asked: dict[str, Any]
+    """The restore request alone (its calls, or its command block), as an OpenAI assistant
+    message: what the gateway records before the restored content."""
+    other_calls: int
+    """Tool calls meant for the harness."""
+    tail: list[dict[str, Any]]
+    """Chunks still owed to the client if this reply ends the exchange (finish, usage)."""
+    usage: dict[str, Any] | None
+
+
+class ReplyFilter:
+    def __init__(self, *, text_actions: bool, first_attempt: bool = True) -> None:
+        self.text_actions = text_actions
+        self.first_attempt = first_attempt
+        self.acc = ChunkAccumulator()
+        self._content = ""
+        self._content_sent = 0
+        self._is_restore: dict[int, bool] = {}
+        self._client_index: dict[int, int] = {}
+        self._held_calls: dict[int, list[dict[str, Any]]] = {}
+        self._tail: list[dict[str, Any]] = []
+        self._template: dict[str, Any] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """Take one upstream chunk; return the chunks the client may have now."""
+        self.acc.feed(chunk)
+        if not self._template:
+            self._template = {k: v for k, v in chunk.items() if k not in ("choices", "usage")}
+        choices = chunk.get("choices") or []
+        if not choices:
+            if chunk.get("usage"):
+                self._tail.append(chunk)
+            return []
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        out: list[dict[str, Any]] = []
+        passthrough = {k: v for k, v in delta.items() if k not in ("content", "tool_calls")}
+        if not self.first_attempt:
+            passthrough.pop("role", None)
+        if isinstance(delta.get("content"), str):
+            self._content += delta["content"]
+            piece = self._releasable_content()
+            if piece:
+                passthrough["content"] = piece
+        if passthrough:
+            out.append(self._chunk(passthrough))
+        for call_delta in delta.get("tool_calls") or []:
+            out.extend(self._feed_call(call_delta))
+        if choice.get("finish_reason"):
+            self._tail.append(self._chunk({}, finish_reason=choice["finish_reason"]))
+        return out
+
+    def finish(self) -> tuple[list[dict[str, Any]], Decision]:
+        """End of the upstream reply: release what is left, and decide."""
+        reply = self.acc.message()
+        calls = reply.get("tool_calls") or []
+        restore_calls = [c for c in calls if c["function"]["name"] == RESTORE_TOOL_NAME]
+        restores = [_call_spec(c) for c in restore_calls]
+        out: list[dict[str, Any]] = []
+        held = self._content[self._content_sent :]
+        action = text_restore(held) if self.text_actions else None
+        if action is not None:
+            restores.append(action)
+        elif held:
+            out.append(self._chunk({"content": held}))
+        other_calls = len(calls) - len(restore_calls)
+        if restores and not other_calls:
+            # The harness must not see a finish_reason of tool_calls with no call in it.
+            for chunk in self._tail:
+                for choice in chunk.get("choices") or ():
+                    if choice.get("finish_reason") == "tool_calls":
+                        choice["finish_reason"] = "stop"
+        asked: dict[str, Any] = {"role": "assistant", "content": held if action else None}
+        if restore_calls:
+            asked["tool_calls"] = restore_calls
+        decision = Decision(restores, restore_calls, asked, other_calls, self._tail, self.acc.usage)
+        return out, decision
+
+    def _feed_call(self, call_delta: dict[str, Any]) -> list[dict[str, Any]]:
+        index = call_delta.get("index", 0)
+        if index not in self._is_restore:
+            name = self.acc.calls[index]["name"]
+            if not name:
+                self._held_calls.setdefault(index, []).append(call_delta)
+                return []
+            self._is_restore[index] = name == RESTORE_TOOL_NAME
+            if not self._is_restore[index]:
+                self._client_index[index] = len(self._client_index)
+            pending = [*self._held_calls.pop(index, []), call_delta]
+        else:
+            pending = [call_delta]
+        if self._is_restore[index]:
+            return []
+        renumbered = [dict(d, index=self._client_index[index]) for d in pending]
+        return [self._chunk({"tool_calls": renumbered})]
+
+    def _releasable_content(self) -> str:
+        """New content up to where a restore action could start; all of it outside text mode."""
+        text = self._content
+        safe = len(text)
+        if self.text_actions:
+            fences = [m.start() for m in re.finditer(_FENCE, text)]
+            if len(fences) % 2:
+                safe = fences[-1]
+            elif fences and text_restore(text[fences[-2] :]) is not None:
+                safe = fences[-2]
+            else:
+                # A fence may be arriving split over chunks.
+                safe = len(text.rstrip("`"))
+        if safe <= self._content_sent:
+            return ""
+        piece = text[self._content_sent : safe]
+        self._content_sent = safe
+        return piece
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        chunk = copy.deepcopy(self._template)
+        chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        return chunk
+
+
+def _call_spec(call: dict[str, Any]) -> str:
+    arguments = call["function"]["arguments"] or "{}"
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return str(args.get("steps", "")) if isinstance(args, dict) else str(args)

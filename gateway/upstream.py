@@ -1,0 +1,146 @@
+"""The HTTP client to vLLM replicas: one shared aiohttp session per process.
+
+Requests always go upstream as streaming OpenAI chat completions, whatever the client asked
+for: one code path reads every reply chunk by chunk (restore detection, accounting), and a
+non-streaming client gets the chunks assembled. Nothing is retried here; the router's
+failover decides, and only before the first chunk reached the client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from router import UpstreamFailed
+
+
+class UpstreamError(UpstreamFailed):
+    """The upstream answered with an error or broke off.
+
+    ``retryable`` (connection failures and 5xx before any chunk) tells the router's
+    failover it may try another replica; ``body`` is what the upstream said, for errors the
+    client should see (a 4xx such as context too long).
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool, status: int = 502, body: Any = None
+    ) -> None:
+        super().__init__(message, retryable=retryable, status=status)
+        self.body = body
+
+
+@dataclass
+class UpstreamClient:
+    connect_timeout_s: float = 5.0
+    total_timeout_s: float = 600.0
+    _session: aiohttp.ClientSession | None = None
+
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=self.total_timeout_s, sock_connect=self.connect_timeout_s
+                ),
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=30),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def get_json(self, url: str) -> Any:
+        session = await self.session()
+        async with session.get(url) as resp:
+            resp.raise_for_status()
+            return await resp.json()
+
+    async def open_chat_stream(
+        self, base_url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> ChatStream:
+        """POST a streaming chat completion and wait for its first chunk.
+
+        Returns once the first chunk is in hand, so every failure a retry could fix is
+        raised from here, before the caller has sent anything to its client.
+        """
+        session = await self.session()
+        try:
+            resp = await session.post(
+                f"{base_url}/v1/chat/completions", json=body, headers=dict(headers or {})
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise UpstreamError(f"{base_url}: {exc!r}", retryable=True) from exc
+        if resp.status != 200:
+            text = await resp.text()
+            resp.release()
+            try:
+                detail: Any = json.loads(text)
+            except ValueError:
+                detail = text
+            raise UpstreamError(
+                f"{base_url} answered {resp.status}: {text[:300]}",
+                retryable=resp.status >= 500,
+                status=resp.status,
+                body=detail,
+            )
+        stream = ChatStream(resp)
+        try:
+            await stream.prefetch()
+        except UpstreamError:
+            resp.release()
+            raise
+        return stream
+
+
+class ChatStream:
+    """Parsed ``chat.completion.chunk`` dicts of one upstream SSE response."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self._first: dict[str, Any] | None = None
+        self._events = self._parse()
+
+    async def prefetch(self) -> None:
+        try:
+            self._first = await anext(self._events)
+        except StopAsyncIteration as exc:
+            raise UpstreamError(
+                "upstream closed the stream before any chunk", retryable=True
+            ) from exc
+
+    async def _parse(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for raw in self._resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise UpstreamError(
+                        f"upstream stream error: {chunk['error']}", retryable=False, body=chunk
+                    )
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamError(
+                f"upstream stream broke: {exc!r}", retryable=self._first is None
+            ) from exc
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                yield first
+            async for chunk in self._events:
+                yield chunk
+        finally:
+            self._resp.release()
+
+    def close(self) -> None:
+        self._resp.close()

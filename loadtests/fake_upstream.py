@@ -1,0 +1,159 @@
+"""A FAKE vLLM upstream: answers instantly with scripted replies.
+
+For fault injection (scripted restore calls, errors) and for measuring the gateway's own
+overhead, never in place of vLLM where model serving is what is tested. It speaks the
+subset of vLLM's OpenAI API the gateway uses: streaming chat completions with usage,
+``/health``, ``/metrics`` (idle gauges) and ``/v1/models``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+FAKE_MODEL = "fake-model"
+
+
+@dataclass
+class ScriptedReply:
+    """One reply: text and/or tool calls ``(name, arguments_json)``; or an HTTP error."""
+
+    content: str = "ok"
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    status: int = 200
+    chunk_chars: int = 8
+
+
+class FakeUpstream:
+    """Replies from ``script`` in order, then ``default`` forever; records every request."""
+
+    def __init__(self, script: Iterable[ScriptedReply] = (), default: ScriptedReply | None = None):
+        self.script: deque[ScriptedReply] = deque(script)
+        self.default = default or ScriptedReply()
+        self.requests: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> FakeUpstream:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", port))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+            "vllm:kv_cache_usage_perc 0\n"
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        reply = self.script.popleft() if self.script else self.default
+        if reply.status != 200:
+            return web.json_response(
+                {"error": {"message": "fake upstream error", "type": "server_error"}},
+                status=reply.status,
+            )
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in self.chunks(reply, prompt_tokens=len(json.dumps(body["messages"])) // 4):
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def chunks(reply: ScriptedReply, prompt_tokens: int) -> list[dict[str, Any]]:
+        base = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": FAKE_MODEL,
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        out = [chunk({"role": "assistant", "content": ""})]
+        text = reply.content
+        for start in range(0, len(text), reply.chunk_chars):
+            out.append(chunk({"content": text[start : start + reply.chunk_chars]}))
+        for index, (name, arguments) in enumerate(reply.tool_calls):
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": f"call_fake_{index}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
+            half = len(arguments) // 2
+            for piece in (arguments[:half], arguments[half:]):
+                out.append(
+                    chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                )
+        out.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+        out.append(
+            {
+                **base,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": len(text) // 4 + 1,
+                    "total_tokens": prompt_tokens + len(text) // 4 + 1,
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                },
+            }
+        )
+        return out
+
+
+async def serve_forever(port: int) -> None:
+    """``python -m loadtests.fake_upstream PORT``: an instant fake upstream for benchmarks."""
+    await FakeUpstream().start(port)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(serve_forever(int(sys.argv[1])))
