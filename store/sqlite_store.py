@@ -48,9 +48,9 @@ CREATE TABLE IF NOT EXISTS branches (
   PRIMARY KEY (sid, branch)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages (
   sid INTEGER, branch INTEGER, pos INTEGER, chain BLOB, body BLOB,
-  PRIMARY KEY (sid, branch, pos)) WITHOUT ROWID;
+  UNIQUE (sid, branch, pos));
 CREATE TABLE IF NOT EXISTS blobs (
-  sid INTEGER, digest BLOB, data BLOB, PRIMARY KEY (sid, digest)) WITHOUT ROWID;
+  sid INTEGER, digest BLOB, data BLOB, UNIQUE (sid, digest));
 CREATE TABLE IF NOT EXISTS gateway_turns (
   sid INTEGER, branch INTEGER, seq INTEGER, after INTEGER, body BLOB,
   PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
@@ -61,6 +61,8 @@ CREATE TABLE IF NOT EXISTS assignments (
   tenant TEXT, session TEXT, replica TEXT, expires REAL,
   PRIMARY KEY (tenant, session)) WITHOUT ROWID;
 """
+# messages and blobs are large rows: rowid tables keep them out of the key b-tree
+# (WITHOUT ROWID tables with rows near the page size waste most of each page)
 _SESSION_TABLES = ("branches", "messages", "blobs", "gateway_turns", "states")
 
 
