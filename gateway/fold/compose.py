@@ -31,6 +31,9 @@ class Composed(Renderer):
     """``outer`` applied to what ``inner`` rendered; the cache is the pair of their caches."""
 
     def __init__(self, inner: Renderer, outer: Renderer) -> None:
+        for role, part in (("inner", inner), ("outer", outer)):
+            if not isinstance(part, Renderer):
+                raise TypeError(f"Composed {role} must be a Renderer, got {type(part).__name__}")
         self.inner = inner
         self.outer = outer
         # An instance attribute: a composition's name depends on its parts.

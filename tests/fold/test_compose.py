@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.fold.baselines import Base, Clip, Mask
 from gateway.fold.cliff import Cliff
 from gateway.fold.compose import Composed
@@ -83,3 +85,8 @@ def test_overflow_ladder_goes_through_the_outer() -> None:
 
 def test_no_overflow_ladder_without_a_cliff_outside() -> None:
     assert list(Composed(Cliff(100), Mask()).compact_for_overflow(tool_history("a"))) == []
+
+
+def test_parts_must_be_renderers() -> None:
+    with pytest.raises(TypeError, match="outer must be a Renderer"):
+        Composed(Base(), "cliff")  # type: ignore[arg-type]
