@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         parser.error(f"no such trajectory path: {', '.join(map(str, missing))}")
     trajectory = longest(load_trajectories(*args.paths))
-    requests = list(requests_of(trajectory.transcript))
+    requests = list(requests_of(trajectory.transcript, trajectory.compaction_indices))
     if not requests:
         parser.error(f"{trajectory.id} has no assistant replies to replay")
     chat = ChatTokenizer(get_counter(args.tokenizer))

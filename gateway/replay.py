@@ -9,6 +9,7 @@ sticky replica). The result holds per-request series and per-strategy totals.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,7 @@ class TrajectoryLike(Protocol):
     id: str
     harness: str
     transcript: Transcript
+    compaction_indices: tuple[int, ...]
 
 
 RendererFactory = Callable[..., Renderer]
@@ -175,11 +177,24 @@ class ReplayResult:
         }
 
 
-def requests_of(history: Transcript) -> Iterator[Transcript]:
-    """The requests a harness sent: before each assistant reply, everything so far."""
-    for i, m in enumerate(history.messages):
+def requests_of(
+    history: Transcript, compaction_indices: Sequence[int] = ()
+) -> Iterator[Transcript]:
+    """The requests a harness sent: before each assistant reply, everything still live.
+
+    ``compaction_indices`` mark where the harness compacted its own context (Claude Code):
+    from such an index on, it sent its system messages and the messages from that index
+    (the summary) on, not the turns before it.
+    """
+    messages = history.messages
+    system = tuple(itertools.takewhile(lambda m: m.role == "system", messages))
+    start = 0
+    for i, m in enumerate(messages):
+        if i in compaction_indices:
+            start = max(i, len(system))
         if m.role == "assistant":
-            yield history.with_messages(history.messages[:i])
+            live = messages[:i] if start == 0 else system + messages[start:i]
+            yield history.with_messages(live)
 
 
 def request_count(history: Transcript) -> int:
@@ -208,7 +223,7 @@ def replay_session(
     sim = PrefixCache(block_size=config.block_size, capacity_blocks=config.cache_blocks)
     cache: Any = None
     previous: tuple[Message, ...] | None = None
-    for request in requests_of(trajectory.transcript):
+    for request in requests_of(trajectory.transcript, trajectory.compaction_indices):
         rendered = renderer.render(request, None, cache)
         cache = rendered.cache
         messages = rendered.transcript.messages

@@ -47,6 +47,7 @@ class Traj:
     id: str
     harness: str
     transcript: Transcript
+    compaction_indices: tuple[int, ...] = ()
 
 
 def call(cid: str, cmd: str) -> Message:
@@ -78,6 +79,15 @@ def test_requests_are_the_prefixes_before_each_reply() -> None:
     reqs = list(requests_of(TRAJ.transcript))
     assert [len(r.messages) for r in reqs] == [2, 4, 6]
     assert reqs[1].messages == MSGS[:4]
+
+
+def test_requests_after_a_harness_compaction_start_at_its_summary() -> None:
+    summary = text_message("user", "Summary of the earlier work.")
+    history = Transcript(messages=(*MSGS[:4], summary, *MSGS[4:]))
+    reqs = list(requests_of(history, compaction_indices=(4,)))
+    assert [len(r.messages) for r in reqs] == [2, 2, 4]
+    assert reqs[1].messages == (MSGS[0], summary)  # system prompt kept, old turns gone
+    assert reqs[2].messages == (MSGS[0], summary, *MSGS[4:6])
 
 
 def test_base_replay_numbers_by_hand() -> None:
