@@ -27,6 +27,7 @@ Model (both backends):
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -225,7 +226,9 @@ class DigestCache:
             prev = codec.chain(prev, p.digest)
             packed.append(p)
             chains.append(prev)
-        self._seen[key] = _Seen(list(messages), packed, chains)
+        # keep private copies: a caller editing its dicts in place must not edit our memory
+        kept = (seen.messages[:same] if seen else []) + [copy.deepcopy(m) for m in messages[same:]]
+        self._seen[key] = _Seen(kept, packed, chains)
         self._seen.move_to_end(key)
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)

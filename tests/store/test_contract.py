@@ -38,6 +38,15 @@ async def test_extension_appends_only_the_suffix(store: SessionStore, tenant: st
     assert (loaded.parent, loaded.fork_index) == (None, 0)
 
 
+async def test_editing_sent_dicts_in_place_is_seen(store: SessionStore, tenant: str) -> None:
+    h = history(4)
+    await store.ingest(tenant, "s", h)
+    h[2]["parts"][0]["text"] = "edited in place"  # a harness that mutates its own history
+    r = await store.ingest(tenant, "s", h)
+    assert (r.branch_id, r.new_branch, r.appended) == (1, True, 2)
+    assert (await store.load(tenant, "s", 1)).messages[2]["parts"][0]["text"] == "edited in place"
+
+
 async def test_extension_by_a_fresh_process(make_store: StoreFactory, tenant: str) -> None:
     # a second replica has no digest memory of the session: the backend alone decides
     a, b = make_store(), make_store()
