@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gateway.dialects.convert import params_to_anthropic, part_to_anthropic, to_anthropic_tools
@@ -107,11 +108,8 @@ def _decode_message(raw: Any, path: str, issued: set[str]) -> list[Message]:
     content = require(msg, "content", path)
     fields = extra_fields(msg, frozenset({"role", "content"}))
     if isinstance(content, str):
-        return [
-            Message(
-                role=role, parts=(Text(content),), meta=make_meta(ANTHROPIC, message_fields=fields)
-            )
-        ]
+        meta = make_meta(ANTHROPIC, message_fields=fields)
+        return [Message(role=role, parts=(Text(content),), meta=meta)]
     blocks = expect_list(content, f"{path}.content")
     results: list[Message] = []
     parts: list[Part] = []
@@ -131,20 +129,13 @@ def _decode_message(raw: Any, path: str, issued: set[str]) -> list[Message]:
     group: list[Message] = list(results)
     if parts:
         group.append(Message(role="user", parts=tuple(parts)))
-    first = group[0]
     first_hints = {
-        **hints(first.meta, ANTHROPIC),
+        **hints(group[0].meta, ANTHROPIC),
         "group": len(group),
         **({"order": order} if order != "t" * len(results) + "u" * len(parts) else {}),
         **({"message_fields": fields} if fields else {}),
     }
-    group[0] = Message(
-        role=first.role,
-        parts=first.parts,
-        tool_call_id=first.tool_call_id,
-        is_error=first.is_error,
-        meta={ANTHROPIC: first_hints},
-    )
+    group[0] = replace(group[0], meta={ANTHROPIC: first_hints})
     return group
 
 
@@ -334,14 +325,16 @@ def _encode_content(parts: Sequence[Part], form: str | None, source: Dialect) ->
     # A hint only applies while it still fits the parts (a renderer may have changed them).
     if form == "absent" and not parts:
         return _ABSENT
-    if form == "list":
-        return _encode_blocks(parts, source)
+    only = parts[0] if len(parts) == 1 else None
+    # One plain text part is a string; from another dialect only when non-empty, since
+    # Anthropic refuses empty text.
     if (
-        len(parts) == 1
-        and _is_plain(parts[0])
-        and (form == "str" or source == ANTHROPIC or parts[0].text)
-    ):  # type: ignore[union-attr]
-        return parts[0].text  # type: ignore[union-attr]
+        form != "list"
+        and isinstance(only, Text)
+        and _is_plain(only)
+        and (only.text or source == ANTHROPIC)
+    ):
+        return only.text
     return _encode_blocks(parts, source)
 
 

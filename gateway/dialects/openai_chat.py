@@ -262,7 +262,7 @@ def _encode_content(role: Role, parts: Sequence[ContentPart], form: str | None) 
     if form == "null":
         return None
     if form == "str":
-        return parts[0].text if parts else ""  # type: ignore[union-attr]
+        return "".join(p.text for p in parts if isinstance(p, Text))  # one part or none
     return [_encode_part(p) for p in parts]
 
 
