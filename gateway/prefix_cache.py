@@ -85,27 +85,33 @@ class PrefixCache:
                 hi = mid
         return lo
 
-    def request(self, ids: Sequence[int]) -> RequestResult:
-        """Serve one prompt: count its cache hit, then keep its blocks (LRU order updated)."""
-        hashes = self.block_hashes(ids)
-        # vLLM always computes at least the last prompt token, so a fully cached,
-        # block-aligned prompt still recomputes its last block.
-        max_hit_blocks = (len(ids) - 1) // self.block_size if ids else 0
-        hit = 0
-        while hit < min(len(hashes), max_hit_blocks) and hashes[hit] in self._blocks:
-            hit += 1
-        cached = hit * self.block_size
-        # Touch tail blocks first so the prefix is the most recently used: under pressure
-        # the ends of prompts go before their shared beginnings (vLLM frees blocks in
-        # reverse order for the same reason).
+    def _touch(self, hashes: list[int], capacity: int) -> None:
+        # Tail blocks first, so a prompt's beginning is its most recently used part: under
+        # pressure the ends of prompts go before their shared beginnings (vLLM frees blocks
+        # in reverse order for the same reason).
         for h in reversed(hashes):
             if h in self._blocks:
                 self._blocks.move_to_end(h)
             else:
                 self._blocks[h] = None
-        if self.capacity_blocks is not None:
-            while len(self._blocks) > self.capacity_blocks:
-                self._blocks.popitem(last=False)
+        while len(self._blocks) > capacity:
+            self._blocks.popitem(last=False)
+
+    def request(self, ids: Sequence[int]) -> RequestResult:
+        """Serve one prompt: count its cache hit, then keep its blocks (LRU order updated)."""
+        hashes = self.block_hashes(ids)
+        # vLLM always computes at least the last prompt token, so a fully cached,
+        # block-aligned prompt still recomputes its last block.
+        max_hit_blocks = min(len(hashes), (len(ids) - 1) // self.block_size if ids else 0)
+        hit = 0
+        while hit < max_hit_blocks and hashes[hit] in self._blocks:
+            hit += 1
+        cached = hit * self.block_size
+        if self.capacity_blocks is None:
+            # Nothing is ever evicted, so recency does not matter: only add the new blocks.
+            self._blocks.update(dict.fromkeys(hashes[hit:]))
+        else:
+            self._touch(hashes, self.capacity_blocks)
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
         return RequestResult(

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from gateway.fold.renderer import Renderer, TokenCount
 from gateway.prefix_cache import PrefixCache
-from gateway.tokens import ChatTokenizer
+from gateway.tokens import ChatTokenizer, SessionPrompts
 from gateway.transcript import Message, Transcript
 
 # Qwen3.6-27B KV cache bytes per token. Its 64 layers are 16 x (3 Gated DeltaNet + 1 gated
@@ -221,13 +221,14 @@ def replay_session(
     """Replay one trajectory under one strategy."""
     run = SessionRun(trajectory=trajectory.id, strategy=strategy)
     sim = PrefixCache(block_size=config.block_size, capacity_blocks=config.cache_blocks)
+    prompts = SessionPrompts(chat)
     cache: Any = None
     previous: tuple[Message, ...] | None = None
     for request in requests_of(trajectory.transcript, trajectory.compaction_indices):
         rendered = renderer.render(request, None, cache)
         cache = rendered.cache
         messages = rendered.transcript.messages
-        result = sim.request(chat.prompt_ids(rendered.transcript))
+        result = sim.request(prompts.prompt_ids(rendered.transcript))
         run.context.append(result.prompt_tokens)
         run.cached.append(result.cached_tokens)
         if previous is not None and not _is_extension(previous, messages):

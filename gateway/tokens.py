@@ -244,3 +244,30 @@ class ChatTokenizer:
     @property
     def distinct_texts(self) -> int:
         return len(self._memo)
+
+
+class SessionPrompts:
+    """Prompt ids of one session's successive renderings.
+
+    A renderer hands back the same message objects for the part of the context it did not
+    change, so a turn that is the very object at the same place in the previous rendering
+    reuses its ids without being serialized again.
+    """
+
+    def __init__(self, chat: ChatTokenizer) -> None:
+        self.chat = chat
+        self._messages: tuple[Message, ...] = ()
+        self._ids: list[tuple[int, ...]] = []
+
+    def prompt_ids(self, transcript: Transcript) -> list[int]:
+        previous, previous_ids = self._messages, self._ids
+        per_message = [
+            previous_ids[i] if i < len(previous) and previous[i] is m else self.chat.message_ids(m)
+            for i, m in enumerate(transcript.messages)
+        ]
+        self._messages, self._ids = transcript.messages, per_message
+        ids = list(self.chat.tools_ids(transcript))
+        for message_ids in per_message:
+            ids.extend(message_ids)
+        ids.extend(self.chat.text_ids(GENERATION_PROMPT))
+        return ids

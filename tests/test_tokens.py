@@ -6,6 +6,7 @@ from gateway.tokens import (
     ByteEstimate,
     ChatTokenizer,
     HFCounter,
+    SessionPrompts,
     TiktokenCounter,
     TokenizerUnavailable,
     get_counter,
@@ -128,3 +129,22 @@ def test_chat_tokenizer_qwen_matches_whole_prompt_encoding() -> None:
     )
     whole = "".join(serialize_message(m) for m in t.messages) + "<|im_start|>assistant\n"
     assert chat.prompt_ids(t) == qwen.encode(whole)
+
+
+def test_session_prompts_reuse_unchanged_turns_and_match_full_tokenization() -> None:
+    serialized: list[str] = []
+
+    class Counting(ByteEstimate):
+        def encode(self, text: str) -> list[int]:
+            serialized.append(text)
+            return super().encode(text)
+
+    chat = ChatTokenizer(Counting())
+    session = SessionPrompts(chat)
+    a, b = text_message("user", "one"), text_message("assistant", "two")
+    first = Transcript(messages=(a,))
+    second = Transcript(messages=(a, b))
+    rewritten = Transcript(messages=(text_message("user", "ONE"), b))
+    for t in (first, second, rewritten):
+        assert session.prompt_ids(t) == ChatTokenizer(ByteEstimate()).prompt_ids(t)
+    assert len(serialized) == len(set(serialized))  # every distinct text encoded once
