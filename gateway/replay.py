@@ -224,6 +224,7 @@ def replay_session(
     prompts = SessionPrompts(chat)
     cache: Any = None
     previous: tuple[Message, ...] | None = None
+    compactions_seen = 0
     for request in requests_of(trajectory.transcript, trajectory.compaction_indices):
         rendered = renderer.render(request, None, cache)
         cache = rendered.cache
@@ -235,14 +236,14 @@ def replay_session(
             run.rewrites += 1
         if config.budget is not None and result.prompt_tokens > config.budget:
             run.over_budget += 1
-        # RenderStats counts compactions over the session so far, stubs and folded steps in
-        # this rendering: the final request's values describe the session.
+        # RenderStats counts compactions over the renderer's cache so far; the counter
+        # restarts when the cache does (after a harness compaction), so add up increases.
         stats = rendered.stats
-        run.compactions, run.stubs, run.folded_steps = (
-            stats.compactions,
-            stats.stubs,
-            stats.folded_steps,
-        )
+        grown = stats.compactions - compactions_seen
+        run.compactions += grown if grown >= 0 else stats.compactions
+        compactions_seen = stats.compactions
+        # stubs and folded steps describe this rendering: the final one describes the session
+        run.stubs, run.folded_steps = stats.stubs, stats.folded_steps
         previous = messages
         if on_request is not None:
             on_request()

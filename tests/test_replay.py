@@ -34,12 +34,23 @@ class LastTwo(Renderer):
         msgs = history.messages
         if len(msgs) <= 2:
             return Rendered(transcript=history, cache=cache)
-        stats = RenderStats(compactions=len(msgs) // 2 - 1)  # cumulative, as RenderStats counts
+        stats = RenderStats(compactions=len(msgs) // 2 - 1)  # cumulative, as cliff counts
         return Rendered(history.with_messages(msgs[-2:]), cache, stats)
 
 
+class ResettingCounter(Renderer):
+    """Reports a cumulative compaction count 1, 2, then 1 again (its cache restarted)."""
+
+    name = "resets"
+
+    def render(self, history: Transcript, state: RenderState | None = None, cache: Any = None):
+        n = cache or 0
+        return Rendered(history, n + 1, RenderStats(compactions=(1, 2, 1)[n]))
+
+
 def factory(spec: str, **kwargs: Any) -> Renderer:
-    return LastTwo() if spec == "last2" else make_renderer(spec, **kwargs)
+    own = {"last2": LastTwo, "resets": ResettingCounter}
+    return own[spec]() if spec in own else make_renderer(spec, **kwargs)
 
 
 @dataclass
@@ -125,6 +136,11 @@ def test_rewrites_budget_and_compactions_are_counted() -> None:
     assert last2.context == [size(MSGS[:2]), size(MSGS[2:4]), size(MSGS[4:6])]
     assert last2.rewrites == 2 and last2.compactions == 2
     assert result.totals["last2"].prompt_tokens < result.totals["base"].prompt_tokens
+
+
+def test_compaction_counter_restarts_are_added_up() -> None:
+    (run,) = run_replay(ReplayConfig(strategies=("resets",))).runs
+    assert run.compactions == 3
 
 
 def test_fold_operator_is_off_for_recorded_replies_unless_forced() -> None:
