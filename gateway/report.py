@@ -87,13 +87,12 @@ def _longest_sessions(result: ReplayResult) -> list[str]:
 
 def write_plot(result: ReplayResult, path: str | Path) -> None:
     """Per-step prompt size per strategy for the longest sessions, and a tokens bar chart."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    # A bare Figure renders to files without pyplot's global state or a display.
+    from matplotlib.figure import Figure
 
     shown = _longest_sessions(result)
-    fig, axes = plt.subplots(len(shown) + 1, 1, figsize=(10, 3.2 * (len(shown) + 1)))
+    fig = Figure(figsize=(10, 3.2 * (len(shown) + 1)))
+    axes = fig.subplots(len(shown) + 1, 1, squeeze=False)[:, 0]
     by_key: dict[tuple[str, str], SessionRun] = {(r.trajectory, r.strategy): r for r in result.runs}
     for ax, tid in zip(axes[:-1], shown, strict=True):
         for strategy in result.config.strategies:
@@ -125,4 +124,3 @@ def write_plot(result: ReplayResult, path: str | Path) -> None:
     bars.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
