@@ -21,6 +21,7 @@ from gateway.replay import (
     request_count,
 )
 from gateway.report import print_report, write_plot
+from gateway.serve import serve
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
@@ -201,3 +202,6 @@ def replay_command(
     if plot_path is not None:
         write_plot(result, plot_path)
         console.print(f"wrote {plot_path}")
+
+
+main.add_command(serve)
