@@ -213,12 +213,14 @@ def _is_plain(part: Part) -> bool:
     return isinstance(part, Text) and not hints(part.meta, ANTHROPIC)
 
 
-def _default_form(parts: Sequence[Part]) -> str:
-    return "str" if len(parts) == 1 and _is_plain(parts[0]) else "list"
-
-
 def _form_hint(form: str, parts: Sequence[Part]) -> str | None:
-    return form if form != _default_form(parts) else None
+    """The content form to note, when it is not the one the parts' shape suggests.
+
+    The shape ignores part hints, so that dropping a volatile marker (``volatile``) leaves
+    the message's hints as they were.
+    """
+    natural = "str" if len(parts) == 1 and isinstance(parts[0], Text) else "list"
+    return form if form != natural else None
 
 
 def encode_request(t: Transcript) -> dict[str, Any]:

@@ -242,9 +242,14 @@ def _is_plain(part: ContentPart) -> bool:
 
 
 def _default_form(role: Role, parts: Sequence[ContentPart]) -> str:
+    """The content form the parts' shape suggests; decoding notes only other forms.
+
+    The shape ignores part hints, so that dropping a volatile marker (``volatile``) leaves
+    the message's hints as they were.
+    """
     if not parts:
         return "null" if role == "assistant" else "str"
-    return "str" if len(parts) == 1 and _is_plain(parts[0]) else "list"
+    return "str" if len(parts) == 1 and isinstance(parts[0], Text) else "list"
 
 
 def _encode_content(role: Role, parts: Sequence[ContentPart], form: str | None) -> Any:
@@ -257,6 +262,7 @@ def _encode_content(role: Role, parts: Sequence[ContentPart], form: str | None) 
     }
     if not fits.get(form or "", False):
         form = _default_form(role, parts)
+        form = form if fits[form] else "list"
     if form == "absent":
         return _ABSENT
     if form == "null":
