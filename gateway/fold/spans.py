@@ -267,11 +267,11 @@ def _stub(source: int, body: str, span: Span, file_span: Span | None = None) -> 
         what = f"search results in {span.path} ({span.line_count} lines)"
     elif file_span is not None and file_span.path:
         what = (
-            f"the whole output ({file_span.path} lines "
+            f"this entire output ({file_span.path} lines "
             f"{file_span.first_line}-{file_span.last_line})"
         )
     else:
-        what = f"the whole output ({span.line_count} lines)"
+        what = f"this entire output ({span.line_count} lines)"
     signatures = _signatures(body, span) if span.line_count > LONG_STUB_LINES else []
     kept = f"; {len(signatures)} top-level definitions kept below" if signatures else ""
     head = f"[duplicate of step {source}: {what}{kept} — restore {source} to see it again]"

@@ -57,7 +57,7 @@ def test_duplicates_are_stubbed_only_below_the_boundary() -> None:
     texts = outputs(rendered.transcript, history)
     assert texts[0] == f"[step 0]\n{BIG}"
     assert texts[2] == (
-        "[step 2]\n[duplicate of step 0: the whole output (20 lines) — restore 0 to see it again]"
+        "[step 2]\n[duplicate of step 0: this entire output (20 lines) — restore 0 to see it again]"
     )
     assert texts[4] == f"[step 4]\n{BIG}"  # above the boundary: in full
     assert rendered.stats.stubs == 1
@@ -233,7 +233,7 @@ def test_text_action_transcripts_fold_and_dedup() -> None:
     # folded steps show nothing, so the first visible copy is step 2's
     assert texts[2] == f"[step 2]\n{BIG}"
     assert texts[3] == (
-        "[step 3]\n[duplicate of step 2: the whole output (20 lines) — restore 2 to see it again]"
+        "[step 3]\n[duplicate of step 2: this entire output (20 lines) — restore 2 to see it again]"
     )
     assert rendered.transcript.messages[2] is history.messages[2]  # the action, unchanged
 

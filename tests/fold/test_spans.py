@@ -87,7 +87,7 @@ def test_whole_output_duplicate_becomes_a_stub_naming_the_first_step() -> None:
     stub, count = dedup_output(output, 5, index)
     assert count == 1
     assert stub == (
-        "[duplicate of step 2: the whole output (20 lines) — restore 2 to see it again]"
+        "[duplicate of step 2: this entire output (20 lines) — restore 2 to see it again]"
     )
 
 

@@ -1,0 +1,242 @@
+"""Properties of ReFold over generated histories: reversibility, determinism, pairing,
+the prefix property between boundary moves, and cache/no-cache equality."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.fold.protocol import reminder_text
+from gateway.fold.refold import ReFold, chunk_boundary
+from gateway.fold.renderer import RenderState, step_indices
+from gateway.fold.restore import restore_outputs
+from gateway.fold.spans import split_spans
+from gateway.transcript import Message, ToolCall, Transcript, text_message, tool_message
+from tests.fold.conftest import Turn, numbered, protocol, source_lines, text_history, tool_history
+
+FILES = {"src/a.py": source_lines(80, "a"), "src/b.py": source_lines(80, "b")}
+LOGS = [
+    "\n".join(f"{tag} line {i} of the build log, nothing to see" for i in range(12))
+    for tag in "xyz"
+]
+
+_STUB = re.compile(
+    r"\[duplicate of step (\d+): (.*?)(?:; (\d+) top-level definitions kept below)? "
+    r"— restore \1 to see it again\]"
+)
+_LINES = re.compile(r"(?:.* )?lines (\d+)-(\d+)\)?$")
+_NOTE = re.compile(r"steps? (\d+)(?:-(\d+))? folded: .* — restore (\S+) to see (?:it|them) again")
+_POINTER = re.compile(r"folded, see the note at step (\d+)")
+_REMINDER = re.compile(r"\n\n\[(?:reminder|IMPORTANT)")
+
+
+@dataclass(frozen=True)
+class Case:
+    history: Transcript
+    state: RenderState
+    renderer: ReFold
+    tool_mode: bool
+
+
+def block(rng: random.Random) -> tuple[str, str]:
+    """(output text, the command that produced it), drawn from a small pool so that
+    whole outputs, file ranges and search hits repeat often."""
+    kind = rng.choice(["view", "view", "window", "grep", "log", "short"])
+    path = rng.choice(sorted(FILES))
+    first = rng.choice([1, 5, 11, 21])
+    body = FILES[path][first - 1 : first - 1 + rng.choice([4, 10, 35])]
+    if kind == "view":
+        return numbered(first, body, rng.choice(["tab", "arrow"])), f"cat -n {path}"
+    if kind == "window":
+        header = f"[File: /repo/{path} (80 lines total)]\n"
+        return header + numbered(first, body, rng.choice(["colon", "pipe"])), f"open {path}"
+    if kind == "grep":
+        hits = [f"{path}:{first + i}:{code}" for i, code in enumerate(body[:8])]
+        return "\n".join(hits), f"grep -n compute {path}"
+    if kind == "log":
+        return rng.choice(LOGS), "make"
+    return rng.choice(["ok", "", "done\n", "error: x"]), "true"
+
+
+def reply(rng: random.Random) -> str:
+    if rng.random() < 0.2:
+        return rng.choice(["", "running it", "**progress**: half"])
+    lo = rng.randint(0, 14)
+    stale = rng.choice(["-", str(lo), f"{lo}-{lo + rng.randint(0, 4)}", f"{lo}, {lo + 2}"])
+    return protocol(rng.choice(["read", "ran", "edit", "plan"]), stale)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    """Shape from hypothesis, content from a seeded RNG (drawing every line through
+    hypothesis made generation 20x slower than the rendering under test)."""
+    tool_mode = draw(st.booleans())
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    turns = []
+    for _ in range(rng.randint(0, 18)):
+        outs, commands = [], []
+        for _ in range(rng.choice([1, 1, 2, 3]) if tool_mode else 1):
+            produced = [block(rng) for _ in range(rng.choice([1, 1, 2]))]
+            outs.append("\n".join(text for text, _ in produced))
+            commands.append(produced[0][1])
+        turns.append(Turn(reply(rng), tuple(outs), tuple(commands)))
+    build = tool_history if tool_mode else text_history
+    history = build(turns, system=rng.choice(["You are an agent.", None]))
+    restored: set[int] = set()
+    steps = step_indices(history)
+    # a gateway restore exchange after an output (not between parallel outputs)
+    after = [p + 1 for p in steps if all(m.role != "tool" for m in history.messages[p + 1 : p + 2])]
+    if after and rng.random() < 0.3:
+        at = rng.choice(after)
+        wanted = rng.randrange(len(steps))
+        original = history.messages[steps[wanted]].text
+        if tool_mode:
+            ask = Message("assistant", (ToolCall("r", "restore", f'{{"steps": "{wanted}"}}'),))
+            answer = tool_message("r", f"[restored step {wanted}]\n{original}")
+        else:
+            ask = text_message("assistant", f"restore {wanted}")
+            answer = text_message("user", f"[restored step {wanted}]\n{original}")
+        messages = list(history.messages)
+        messages[at:at] = [ask, answer]
+        history = Transcript(tuple(messages))
+        restored.add(at + 1)
+    pinned = frozenset(rng.sample(range(12), rng.choice([0, 0, 1, 2])))
+    renderer = ReFold(k=draw(st.integers(1, 4)), dedup=rng.random() < 0.8, fold=draw(st.booleans()))
+    return Case(history, RenderState(frozenset(restored), pinned), renderer, tool_mode)
+
+
+def step_texts(case: Case, rendered: Transcript) -> list[tuple[int, str, str]]:
+    """(step, original text, rendered text) for every step."""
+    head = len(rendered.messages) - len(case.history.messages)
+    return [
+        (n, case.history.messages[pos].text, rendered.messages[head + pos].text)
+        for n, pos in enumerate(step_indices(case.history, case.state))
+    ]
+
+
+def numbered_pairs(text: str) -> set[tuple[int, str]]:
+    pairs = set()
+    for span in split_spans(text):
+        if span.kind == "file":
+            pairs.update(zip(range(span.first_line, span.last_line + 1), span.codes, strict=True))
+    return pairs
+
+
+def check_stubs(case: Case, step: int, original: str, body: str, shown: dict[int, str]) -> int:
+    """Walk ``body`` against ``original``: every stub must stand for a span whose content the
+    named step (restored from the history) holds. Returns the number of stubs."""
+
+    def source(named: int) -> str:
+        assert named <= step, f"step {step} stub names a later step {named}"
+        assert "folded" not in shown[named].split("\n")[1], "stub names a folded step"
+        text = restore_outputs(case.history, case.state, named, named)[0][1]
+        return text
+
+    whole = _STUB.fullmatch(body)
+    if whole and whole.group(2).startswith("this entire output"):
+        assert original in source(int(whole.group(1)))
+        return 1
+    stubs, ro, rr = 0, 0, 0
+    for span in split_spans(original)[1:]:
+        kept = original[ro : span.start]
+        head = _STUB.match(body, rr + len(kept))
+        if head is None:
+            continue  # the span was kept: it is part of the text checked next
+        assert body[rr : rr + len(kept)] == kept
+        stubs += 1
+        named, region = int(head.group(1)), original[span.start : span.end]
+        text = source(named) if named < step else original[: span.start]
+        signatures = int(head.group(3) or 0)
+        end = head.end()
+        for _ in range(signatures):
+            line_end = body.find("\n", end + 1)
+            line_end = len(body) if line_end < 0 else line_end
+            assert body[end + 1 : line_end] in region.split("\n")
+            end = line_end
+        if span.kind == "file" and (lines := _LINES.match(head.group(2))):
+            assert (int(lines.group(1)), int(lines.group(2))) == (span.first_line, span.last_line)
+        assert region in text or (
+            span.kind == "file" and numbered_pairs(region) <= numbered_pairs(text)
+        ), f"step {step}: stub naming step {named} stands for content that step does not hold"
+        rr, ro = end, span.end
+    assert body[rr:] == original[ro:]
+    return stubs
+
+
+@settings(max_examples=1000, deadline=None)
+@given(cases())
+def test_reversibility_every_stub_and_note_restores_the_exact_original(case: Case) -> None:
+    rendered = case.renderer.render(case.history, case.state)
+    texts = step_texts(case, rendered.transcript)
+    shown = {n: text for n, _, text in texts}
+    stubs = 0
+    for n, original, text in texts:
+        assert restore_outputs(case.history, case.state, n, n) == [(n, original)]
+        label = f"[step {n}]\n"
+        assert text.startswith(label)
+        body = text[len(label) :]
+        if note := _NOTE.fullmatch(body):
+            first, last = int(note.group(1)), int(note.group(2) or note.group(1))
+            assert first == n and note.group(3) == (f"{first}-{last}" if last > first else str(n))
+            restored = restore_outputs(case.history, case.state, first, last)
+            assert [t for _, t in restored] == [texts[i][1] for i in range(first, last + 1)]
+            for i in range(first + 1, last + 1):
+                assert shown[i] == f"[step {i}]\nfolded, see the note at step {first}"
+        elif pointer := _POINTER.fullmatch(body):
+            assert _NOTE.fullmatch(shown[int(pointer.group(1))].split("\n", 1)[1])
+        elif body.startswith(original) and (
+            body == original or _REMINDER.match(body, len(original))
+        ):
+            continue
+        else:
+            stubs += check_stubs(case, n, original, body, shown)
+    assert stubs == rendered.stats.stubs
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_determinism_and_pairing(case: Case) -> None:
+    first = case.renderer.render(case.history, case.state)
+    again = ReFold(k=case.renderer.k, dedup=case.renderer.dedup, fold=case.renderer.fold)
+    second = again.render(case.history, case.state)
+    assert first.transcript == second.transcript and first.stats == second.stats
+    messages = first.transcript.messages
+    assert sum(m.role == "tool" for m in messages) == sum(
+        m.role == "tool" for m in case.history.messages
+    )
+    for i, m in enumerate(messages):
+        calls = m.tool_calls if m.role == "assistant" else ()
+        answers = messages[i + 1 : i + 1 + len(calls)]
+        assert [a.tool_call_id for a in answers] == [c.id for c in calls]
+        if m.role == "tool":
+            j = i - 1
+            while messages[j].role == "tool":
+                j -= 1
+            assert m.tool_call_id in {c.id for c in messages[j].tool_calls}
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_prefix_property_and_cache_equality_as_the_history_grows(case: Case) -> None:
+    r = case.renderer
+    cache, previous, previous_boundary = None, None, None
+    for end in range(1, len(case.history.messages) + 1):
+        part = case.history.with_messages(case.history.messages[:end])
+        state = RenderState(frozenset(i for i in case.state.restored if i < end), case.state.pinned)
+        warm = r.render(part, state, cache)
+        cold = r.render(part, state)
+        assert warm.transcript == cold.transcript and warm.stats == cold.stats
+        cache = warm.cache
+        boundary = chunk_boundary(warm.stats.steps, r.k)
+        if previous is not None and boundary == previous_boundary:
+            assert warm.transcript.messages[: len(previous)] == previous
+        previous, previous_boundary = warm.transcript.messages, boundary
+
+
+def test_reminder_suffix_pattern_matches_every_level() -> None:
+    for level in (1, 2, 3, 7):
+        assert _REMINDER.match("\n\n" + reminder_text(level))
