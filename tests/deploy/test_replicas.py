@@ -77,7 +77,7 @@ def test_start_rejects_bad_inputs(tmp_path: Path) -> None:
         start_replicas(2, ports=[9000, 9000], model_dir=model, python=py)
     with pytest.raises(ReplicaError, match=r"no vLLM Python .*install\.sh"):
         start_replicas(1, model_dir=model, python=tmp_path / "nope")
-    with pytest.raises(ReplicaError, match=r"no model at .* config\.json missing"):
+    with pytest.raises(ReplicaError, match=r"no model at .*\(config\.json missing\)"):
         start_replicas(1, model_dir=tmp_path / "empty", python=py)
 
 
