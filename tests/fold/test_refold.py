@@ -14,10 +14,12 @@ BIG = "\n".join(f"PASSED tests/test_mod.py::test_case_{i}" for i in range(20))
 OK = protocol("ok")
 
 
-def outputs(rendered: Transcript, history: Transcript) -> list[str]:
+def outputs(
+    rendered: Transcript, history: Transcript, state: RenderState | None = None
+) -> list[str]:
     """The rendered text of each step, in order (rendered messages map 1:1 after the head)."""
     head = len(rendered.messages) - len(history.messages)
-    return [rendered.messages[head + i].text for i in step_indices(history)]
+    return [rendered.messages[head + i].text for i in step_indices(history, state)]
 
 
 def plain_turns(n: int, reply: str = OK) -> list:
@@ -278,3 +280,34 @@ def test_a_cache_survives_a_text_transcript_turning_into_a_tool_transcript() -> 
         )
     )
     assert r.render(mixed, None, cache).transcript == r.render(mixed).transcript
+
+
+def test_a_warm_render_reuses_the_cached_prefix_messages() -> None:
+    r = ReFold()
+    history = tool_history([turn(OK, f"{BIG}\nrun {i}") for i in range(10)])  # B=6
+    first = r.render(history)
+    grown = tool_history([turn(OK, f"{BIG}\nrun {i}") for i in range(11)])  # B still 6
+    second = r.render(grown, None, first.cache)
+    prefix_end = step_indices(history)[6]
+    head = len(first.transcript.messages) - len(history.messages)
+    for i in range(head + prefix_end):
+        assert second.transcript.messages[i] is first.transcript.messages[i]
+
+
+def test_a_cache_built_without_a_restore_is_ignored_once_the_restore_is_listed() -> None:
+    r = ReFold()
+    history, state = restore_exchange(tool_history([turn(OK, BIG)] * 7), Message("assistant", ()))
+    cache = r.render(history).cache  # the restored turn was taken for a step
+    assert r.render(history, state, cache).transcript == r.render(history, state).transcript
+    assert r.render(history, state, cache).stats.steps == 7
+
+
+def test_progress_comes_from_the_first_reply_after_the_step_that_has_one() -> None:
+    # a restore-only reply without the lines comes between step 0 and the real reply
+    history = tool_history([turn(protocol("start"), "output 0")])
+    history, state = restore_exchange(history, Message("assistant", (Text("need step 0"),)))
+    rest = [turn(protocol("found it"), "output 1"), turn(OK, "output 2")]
+    rest += [turn(protocol("p", "0"), "output 3"), *plain_turns(3)]
+    history = Transcript(history.messages + tool_history(rest, system=None).messages[1:])
+    texts = outputs(ReFold().render(history, state).transcript, history, state)
+    assert texts[0] == "[step 0]\nstep 0 folded: found it — restore 0 to see it again"
