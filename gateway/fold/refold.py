@@ -121,6 +121,10 @@ class ReFold(Renderer):
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Rendered:
+        if not isinstance(history, Transcript):
+            raise TypeError(f"ReFold renders a Transcript, got {type(history).__name__}")
+        if state is not None and not isinstance(state, RenderState):
+            raise TypeError(f"render state must be a RenderState, got {type(state).__name__}")
         state = state or RenderState()
         c = self._usable(cache, history, state) or self._fresh(history, state)
         self._scan(c, history, state)

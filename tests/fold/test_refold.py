@@ -43,6 +43,13 @@ def test_bad_k_is_rejected() -> None:
             ReFold(k=k)  # type: ignore[arg-type]
 
 
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(TypeError, match="ReFold renders a Transcript, got list"):
+        ReFold().render([])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="render state must be a RenderState, got dict"):
+        ReFold().render(tool_history([]), {})  # type: ignore[arg-type]
+
+
 def test_every_step_is_labelled_and_recent_steps_are_verbatim() -> None:
     history = tool_history(plain_turns(4))
     assert outputs(ReFold().render(history).transcript, history) == [
