@@ -19,6 +19,7 @@ from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_reply, encode_request
+from gateway.dialects.volatile import without_volatile
 from gateway.fold import make_renderer
 from gateway.fold.renderer import Renderer, RenderState, estimate_tokens
 from gateway.fold.restore import (
@@ -86,6 +87,9 @@ class Pipeline:
     async def prepare(
         self, transcript: Transcript, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> Prepared:
+        # Markers such as cache_control move from turn to turn and mean nothing upstream;
+        # kept, they would make an unchanged message look edited (a fork per request).
+        transcript = transcript.with_messages(without_volatile(m) for m in transcript.messages)
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy
