@@ -1,0 +1,412 @@
+"""The Helm chart, rendered and linted by Helm's own engine (helm-python-sdk wraps Helm's Go SDK).
+
+Each test renders the chart as `helm template` would, parses the manifests, and checks the
+wiring between objects: the gateway's TOML config loads into GatewayConfig and points at the
+in-release vLLM headless Service and Redis, GPU pods ask for one GPU, and optional objects
+appear only when enabled.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from gateway.config import GatewayConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "foldgate"
+RELEASE, NAMESPACE = "demo", "agents"
+FULLNAME = f"{RELEASE}-foldgate"
+
+Manifests = dict[tuple[str, str], dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> Manifests:
+    """All rendered objects by (kind, name); fails on a duplicate."""
+    files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: Manifests = {}
+    for path, text in files.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc is None:
+                continue
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in objects, f"{key} rendered twice"
+            objects[key] = doc
+    return objects
+
+
+def gateway_config(objects: Manifests, tmp_path: Path) -> GatewayConfig:
+    """The ConfigMap's TOML, loaded the way `foldgate serve --config` loads it."""
+    path = tmp_path / "config.toml"
+    path.write_text(objects[("ConfigMap", f"{FULLNAME}-config")]["data"]["config.toml"])
+    return GatewayConfig.load(path)
+
+
+def container(objects: Manifests, kind: str, name: str) -> dict[str, Any]:
+    (only,) = objects[(kind, name)]["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_var(cont: dict[str, Any], name: str) -> dict[str, Any]:
+    matches = [e for e in cont.get("env", []) if e["name"] == name]
+    assert len(matches) == 1, f"{name} in env {cont.get('env')}"
+    return matches[0]
+
+
+def selects(service: dict[str, Any], workload: dict[str, Any]) -> bool:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return service["spec"]["selector"].items() <= labels.items()
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {
+            "metrics": {"serviceMonitor": {"enabled": True}},
+            "apiKeys": {"keys": {"sk-1": "acme"}},
+            "redis": {"external": {"url": "redis://cache:6379/2"}},
+            "vllm": {"model": {"source": "hostPath"}, "runtimeClassName": "nvidia"},
+            "gateway": {"ray": {"enabled": True}},
+        },
+    ],
+    ids=["defaults", "everything-on"],
+)
+def test_lint_is_clean(values: dict[str, Any]) -> None:
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
+    assert report["errors"] == [] and problems == []
+
+
+def test_every_workload_selects_its_own_pods(chart: helm.Chart) -> None:
+    objects = render(chart, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    workloads = [o for (kind, _), o in objects.items() if kind in {"Deployment", "StatefulSet"}]
+    assert len(workloads) == 3
+    for workload in workloads:
+        match = workload["spec"]["selector"]["matchLabels"]
+        assert match.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+    components = {
+        w["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for w in workloads
+    }
+    assert components == {"gateway", "redis", "vllm"}
+
+
+def test_gateway_discovers_vllm_through_the_headless_service(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    objects = render(chart, {"vllm": {"port": 8001, "replicas": 4}})
+    config = gateway_config(objects, tmp_path)
+    service = objects[("Service", f"{FULLNAME}-vllm")]
+    vllm = objects[("StatefulSet", f"{FULLNAME}-vllm")]
+
+    assert config.replica_dns == f"{FULLNAME}-vllm.{NAMESPACE}.svc.cluster.local:8001"
+    assert config.replicas == ()
+    assert service["spec"]["clusterIP"] == "None"
+    assert selects(service, vllm)
+    assert vllm["spec"]["serviceName"] == service["metadata"]["name"]
+    assert vllm["spec"]["replicas"] == 4
+    cont = container(objects, "StatefulSet", f"{FULLNAME}-vllm")
+    assert cont["ports"] == [{"name": "http", "containerPort": 8001, "protocol": "TCP"}]
+    assert flag(cont["args"], "--port") == "8001"
+    assert service["spec"]["ports"][0]["port"] == 8001
+
+
+def test_vllm_pods_take_one_gpu_on_gpu_nodes_with_the_gateways_flags(chart: helm.Chart) -> None:
+    objects = render(
+        chart,
+        {
+            "vllm": {
+                "servedModelName": "qwen-test",
+                "model": {"dir": "/weights/qwen", "mountPath": "/weights", "pvcClaimName": "w"},
+                "maxModelLen": 65536,
+                "gpuMemoryUtilization": 0.85,
+                "extraArgs": ["--max-num-seqs", "32"],
+            }
+        },
+    )
+    pod = objects[("StatefulSet", f"{FULLNAME}-vllm")]["spec"]["template"]["spec"]
+    cont = container(objects, "StatefulSet", f"{FULLNAME}-vllm")
+    args = cont["args"]
+
+    assert cont["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert cont["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert cont["resources"]["requests"]["memory"] == "32Gi"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert flag(args, "--model") == "/weights/qwen"
+    assert flag(args, "--served-model-name") == "qwen-test"
+    assert flag(args, "--max-model-len") == "65536"
+    assert flag(args, "--gpu-memory-utilization") == "0.85"
+    assert flag(args, "--tool-call-parser") == "hermes"
+    assert flag(args, "--max-num-seqs") == "32"
+    for needed in (
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice",
+    ):
+        assert needed in args
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "w", "readOnly": True}
+    assert {"name": "models", "mountPath": "/weights", "readOnly": True} in cont["volumeMounts"]
+    assert env_var(cont, "HF_HUB_OFFLINE")["value"] == "1"
+
+
+def test_vllm_model_from_host_path(chart: helm.Chart) -> None:
+    objects = render(chart, {"vllm": {"model": {"source": "hostPath", "hostPath": "/srv/m"}}})
+    pod = objects[("StatefulSet", f"{FULLNAME}-vllm")]["spec"]["template"]["spec"]
+    models = next(v for v in pod["volumes"] if v["name"] == "models")
+    assert models == {"name": "models", "hostPath": {"path": "/srv/m", "type": "Directory"}}
+
+
+def test_probes_use_health(chart: helm.Chart) -> None:
+    objects = render(chart, {"vllm": {"startupTimeoutSeconds": 600}})
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    vllm = container(objects, "StatefulSet", f"{FULLNAME}-vllm")
+
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # The gateway's /health is 503 while no replica is healthy: liveness must not use it.
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "http"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert vllm["startupProbe"]["periodSeconds"] * vllm["startupProbe"]["failureThreshold"] == 600
+
+
+def test_in_release_redis_is_wired_and_durable(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(chart)
+    config = gateway_config(objects, tmp_path)
+    service = objects[("Service", f"{FULLNAME}-redis")]
+    redis = objects[("StatefulSet", f"{FULLNAME}-redis")]
+    args = container(objects, "StatefulSet", f"{FULLNAME}-redis")["args"]
+
+    assert config.store_url == f"redis://{FULLNAME}-redis:6379/0"
+    assert selects(service, redis)
+    assert service["spec"]["ports"][0]["port"] == 6379
+    assert flag(args, "--appendonly") == "yes"
+    assert flag(args, "--appendfsync") == "everysec"
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    assert "volumes" not in redis["spec"]["template"]["spec"]
+
+
+def test_redis_without_persistence_uses_empty_dir(chart: helm.Chart) -> None:
+    objects = render(chart, {"redis": {"persistence": {"enabled": False}, "appendfsync": "always"}})
+    redis = objects[("StatefulSet", f"{FULLNAME}-redis")]
+    assert "volumeClaimTemplates" not in redis["spec"]
+    assert redis["spec"]["template"]["spec"]["volumes"] == [{"name": "data", "emptyDir": {}}]
+    args = container(objects, "StatefulSet", f"{FULLNAME}-redis")["args"]
+    assert flag(args, "--appendfsync") == "always"
+
+
+def test_external_redis_url_replaces_the_statefulset(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(chart, {"redis": {"external": {"url": "redis://sessions.db:6380/3"}}})
+    assert gateway_config(objects, tmp_path).store_url == "redis://sessions.db:6380/3"
+    assert ("StatefulSet", f"{FULLNAME}-redis") not in objects
+    assert ("Service", f"{FULLNAME}-redis") not in objects
+
+
+def test_external_redis_url_from_a_secret(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(chart, {"redis": {"external": {"existingSecret": "redis-cred"}}})
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    ref = env_var(gateway, "FOLDGATE_STORE_URL")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "redis-cred", "key": "url"}
+    assert gateway_config(objects, tmp_path).store_url is None  # the env var fills it
+    assert ("StatefulSet", f"{FULLNAME}-redis") not in objects
+
+
+def test_inline_api_keys_become_a_secret_the_gateway_reads(
+    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = render(chart, {"apiKeys": {"keys": {"sk-b": "beta", "sk-a": "acme"}}})
+    secret = objects[("Secret", f"{FULLNAME}-api-keys")]
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    ref = env_var(gateway, "FOLDGATE_API_KEYS")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": f"{FULLNAME}-api-keys", "key": "api-keys"}
+
+    monkeypatch.setenv("FOLDGATE_API_KEYS", secret["stringData"]["api-keys"])
+    assert gateway_config(objects, tmp_path).api_keys == {"sk-a": "acme", "sk-b": "beta"}
+
+
+def test_existing_api_key_secret_is_referenced_not_created(chart: helm.Chart) -> None:
+    objects = render(chart, {"apiKeys": {"existingSecret": "keys", "existingSecretKey": "map"}})
+    assert not [key for key in objects if key[0] == "Secret"]
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    ref = env_var(gateway, "FOLDGATE_API_KEYS")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "keys", "key": "map"}
+
+
+def test_no_api_keys_means_no_secret_and_no_env(chart: helm.Chart) -> None:
+    objects = render(chart)
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    assert not [key for key in objects if key[0] == "Secret"]
+    assert "FOLDGATE_API_KEYS" not in {e["name"] for e in gateway["env"]}
+
+
+def test_config_values_keep_their_types(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(
+        chart,
+        {
+            "config": {
+                "strategy": "refold+cliff",
+                "policy": "round_robin",
+                "k": 5,
+                "budget": 32000,
+                "max_body_bytes": 67108864,
+                "upstream_timeout_s": 120.5,
+                "upstream_model": 'model "quoted" \\ name',
+            }
+        },
+    )
+    config = gateway_config(objects, tmp_path)
+    assert (config.strategy, config.policy, config.k) == ("refold+cliff", "round_robin", 5)
+    assert config.budget == 32000 and isinstance(config.budget, int)
+    assert config.max_body_bytes == 67108864 and isinstance(config.max_body_bytes, int)
+    assert config.upstream_timeout_s == 120.5
+    assert config.upstream_model == 'model "quoted" \\ name'
+
+
+def test_null_config_fields_keep_gateway_defaults(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(chart)
+    toml = tomllib.loads(objects[("ConfigMap", f"{FULLNAME}-config")]["data"]["config.toml"])
+    assert "budget" not in toml and "upstream_model" not in toml
+    assert gateway_config(objects, tmp_path).budget is None
+
+
+def test_config_change_rolls_the_gateway(chart: helm.Chart) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        deployment = render(chart, values)[("Deployment", f"{FULLNAME}-gateway")]
+        return deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    assert checksum({}) != checksum({"config": {"k": 4}})
+
+
+def test_external_replicas_without_vllm(chart: helm.Chart, tmp_path: Path) -> None:
+    urls = ["http://10.0.0.5:8000", "http://10.0.0.6:8000"]
+    objects = render(chart, {"vllm": {"enabled": False}, "config": {"replicas": urls}})
+    assert gateway_config(objects, tmp_path).replicas == tuple(urls)
+    assert not [key for key in objects if "vllm" in key[1]]
+
+
+def test_gateway_command_and_ray_mode(chart: helm.Chart) -> None:
+    plain = container(render(chart), "Deployment", f"{FULLNAME}-gateway")
+    ray = container(
+        render(chart, {"gateway": {"ray": {"enabled": True}, "port": 9000}}),
+        "Deployment",
+        f"{FULLNAME}-gateway",
+    )
+    assert plain["args"] == [
+        "--config", "/etc/foldgate/config.toml", "--host", "0.0.0.0", "--port", "8080",
+    ]  # fmt: skip
+    assert "--ray" in ray["args"] and flag(ray["args"], "--port") == "9000"
+    assert ray["ports"][0]["containerPort"] == 9000
+
+
+def test_gateway_service_targets_gateway_pods(chart: helm.Chart) -> None:
+    objects = render(chart, {"gateway": {"service": {"type": "LoadBalancer", "port": 443}}})
+    service = objects[("Service", FULLNAME)]
+    assert selects(service, objects[("Deployment", f"{FULLNAME}-gateway")])
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 443, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
+    assert not [key for key in render(chart) if key[0] == "ServiceMonitor"]
+
+    objects = render(
+        chart,
+        {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}}},
+    )
+    monitors = {name: o for (kind, name), o in objects.items() if kind == "ServiceMonitor"}
+    assert set(monitors) == {f"{FULLNAME}-gateway", f"{FULLNAME}-vllm"}
+    for target, monitor in ((FULLNAME, monitors[f"{FULLNAME}-gateway"]),
+                            (f"{FULLNAME}-vllm", monitors[f"{FULLNAME}-vllm"])):  # fmt: skip
+        service = objects[("Service", target)]
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+            service["metadata"]["labels"].items()
+        )
+        assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+        assert monitor["spec"]["endpoints"][0]["port"] in {
+            p["name"] for p in service["spec"]["ports"]
+        }
+
+    no_vllm = render(
+        chart,
+        {
+            "metrics": {"serviceMonitor": {"enabled": True}},
+            "vllm": {"enabled": False},
+            "config": {"replica_dns": "vllm.gpu.svc:8000"},
+        },
+    )
+    assert [name for (kind, name) in no_vllm if kind == "ServiceMonitor"] == [f"{FULLNAME}-gateway"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"config": {"store_url": "redis://x"}}, "config.store_url is set by the chart"),
+        ({"config": {"api_keys": "a=b"}}, "config.api_keys is set by the chart"),
+        ({"config": {"replica_dns": "x:1"}}, "config.replica_dns conflicts with vllm.enabled"),
+        ({"vllm": {"enabled": False}}, "vllm.enabled=false needs config.replicas"),
+        ({"vllm": {"model": {"dir": "/elsewhere/m"}}}, "must lie under vllm.model.mountPath"),
+        ({"vllm": {"model": {"source": "s3"}}}, "vllm.model.source must be pvc or hostPath"),
+        (
+            {"vllm": {"resources": {"limits": {"nvidia.com/gpu": 2}}}},
+            "vllm.resources.limits must not set nvidia.com/gpu",
+        ),
+        ({"redis": {"appendfsync": "sometimes"}}, "redis.appendfsync must be"),
+        ({"redis": {"external": {"url": "cache:6379"}}}, "must start with redis://"),
+        ({"apiKeys": {"keys": {"a,b": "t"}}}, "may not contain ','"),
+        ({"config": {"k": {"nested": 1}}}, "config.k: unsupported value"),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(
+    chart: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError, match=message.replace(".", r"\.")):
+        render(chart, values)
+
+
+def test_notes_tell_how_to_point_an_sdk(chart: helm.Chart) -> None:
+    notes = chart.render({}, name=RELEASE, namespace=NAMESPACE)["foldgate/templates/NOTES.txt"]
+    assert f"port-forward svc/{FULLNAME} 8080:80" in notes
+    assert 'base_url="http://localhost:8080/v1"' in notes
+    assert '"x-session-id": "run-42"' in notes
+
+
+def test_dockerfile_matches_the_chart() -> None:
+    """The chart passes only flags to the image: its entrypoint must be `foldgate serve`."""
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    entrypoint = [json.loads(x.split(None, 1)[1]) for x in lines if x.startswith("ENTRYPOINT")]
+    exposed = [x.split()[1] for x in lines if x.startswith("EXPOSE")]
+    user = [x.split()[1] for x in lines if x.startswith("USER")]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+    assert entrypoint[-1] == ["foldgate", "serve"]
+    assert "foldgate" in pyproject["project"]["scripts"]
+    assert exposed == [str(values["gateway"]["port"])]
+    assert user == ["10001:10001"]  # the chart's runAsUser / runAsGroup
