@@ -52,7 +52,10 @@ HOST = "127.0.0.1"
 # Environment variables that would make the vLLM venv import the gateway's packages.
 _SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 _STRUCTURED_OUTPUTS = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
-_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+# An exception at the start of a log message ("... [file.py:12] ValueError: ..."), at the start
+# of a line, or in parentheses (python -m's "(ModuleNotFoundError: ...)"); not a warning that
+# merely mentions one.
+_ERROR_LINE = re.compile(r"(?:^|\] |\()[\w.]*(?:Error|Exception): ")
 
 
 class ReplicaError(RuntimeError):
@@ -119,14 +122,14 @@ def available_cores() -> list[int]:
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` of a log, led by its last ``SomethingError: ...`` line (the root
-    cause usually sits above the tail of a multi-process traceback)."""
+    """The last ``lines`` of a log, led by its first exception line: in a multi-process
+    traceback the root cause sits far above the tail."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError as exc:
         return f"(no log: {exc})"
     causes = [line for line in text if _ERROR_LINE.search(line)]
-    cause = f"cause: {causes[-1].strip()}\n" if causes else ""
+    cause = f"cause: {causes[0].strip()}\n" if causes else ""
     return cause + "\n".join(text[-lines:])
 
 

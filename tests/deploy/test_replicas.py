@@ -108,6 +108,22 @@ def test_a_server_that_dies_reports_its_log(tmp_path: Path) -> None:
     assert set(Path(tempfile.gettempdir()).glob("foldgate-vllm-*")) == before
 
 
+def test_log_tail_leads_with_the_root_cause(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer) WARNING [system_utils.py:255] fd limit errors like `OSError: [Errno 24]`\n"
+        "(Worker) ERROR [utils.py:554] ValueError: No common block size for 16\n"
+        + "  traceback line\n" * 50
+        + "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    tail = rp.log_tail(log, lines=3)
+    lines = tail.splitlines()
+    cause = "cause: (Worker) ERROR [utils.py:554] ValueError: No common block size for 16"
+    assert lines[0] == cause
+    assert lines[-1].startswith("RuntimeError: Engine core") and len(lines) == 4
+    assert rp.log_tail(tmp_path / "missing.log").startswith("(no log: ")
+
+
 def _spawn(tmp_path: Path, code: str) -> tuple[Replica, subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     scratch = tmp_path / "scratch"
