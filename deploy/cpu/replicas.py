@@ -243,19 +243,40 @@ def _wait_exit(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -
     return False
 
 
+def is_vllm_server(replica: Replica) -> bool:
+    """The pid still runs the API server on ``replica.port`` (and not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{replica.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    server = b"vllm.entrypoints.openai.api_server"
+    return server in cmdline and str(replica.port).encode() in cmdline
+
+
+def _signal(replica: Replica, sig: signal.Signals, group: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if group else os.kill)(replica.pid, sig)
+
+
 def stop_replica(
-    replica: Replica, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 15.0
+    replica: Replica,
+    proc: subprocess.Popen[bytes] | None = None,
+    grace_s: float = 15.0,
+    terminated: bool = False,
 ) -> None:
-    """SIGTERM the API server (it ends its engine), SIGKILL its process group if it lingers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(replica.pid, signal.SIGTERM)
+    """SIGTERM the API server (it ends its engine), SIGKILL its process group if it lingers,
+    delete its TMPDIR. Without ``proc`` (a pid file), only a pid that still runs this
+    replica's server is signalled. ``terminated``: SIGTERM was already sent."""
+    if proc is None and not is_vllm_server(replica):
+        shutil.rmtree(replica.tmpdir, ignore_errors=True)
+        return
+    if not terminated:
+        _signal(replica, signal.SIGTERM)
     if not _wait_exit(replica.pid, proc, grace_s):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(replica.pid, signal.SIGKILL)
+        _signal(replica, signal.SIGKILL, group=True)
         _wait_exit(replica.pid, proc, 5.0)
     # Engine processes left behind by a killed server share its process group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(replica.pid, signal.SIGKILL)
+    _signal(replica, signal.SIGKILL, group=True)
     shutil.rmtree(replica.tmpdir, ignore_errors=True)
 
 
@@ -286,8 +307,11 @@ class ReplicaSet:
         self.stop()
 
     def stop(self) -> None:
+        # Terminate all first so that the shutdowns overlap.
         for replica in self.replicas:
-            stop_replica(replica, self._procs.get(replica.pid))
+            _signal(replica, signal.SIGTERM)
+        for replica in self.replicas:
+            stop_replica(replica, self._procs.get(replica.pid), terminated=True)
         self.replicas.clear()
         self._procs.clear()
 
@@ -429,11 +453,11 @@ def cli_status(args: argparse.Namespace) -> int:
     if not records:
         print(f"no replicas recorded in {args.run_dir}")
     for _, r in records:
-        alive = pid_alive(r.pid)
+        alive = is_vllm_server(r)
         state = ("ready" if is_ready(r.url) else "starting/unhealthy") if alive else "dead"
         rss = f"{tree_rss_bytes(r.pid) / 2**30:.2f} GiB" if alive else "-"
         print(f"{r.url}  pid {r.pid}  core {r.core}  {state}  rss {rss}  log {r.log_path}")
-    return 0 if all(pid_alive(r.pid) for _, r in records) else 1
+    return 0 if all(is_vllm_server(r) for _, r in records) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

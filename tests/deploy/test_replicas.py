@@ -147,6 +147,17 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     assert not rp.pid_alive(replica.pid)
 
 
+def test_stop_by_record_spares_a_recycled_pid(tmp_path: Path) -> None:
+    # A pid file whose pid now belongs to something else: leave that process alone.
+    replica, proc = _spawn(tmp_path, "import time; time.sleep(60)")
+    try:
+        rp.stop_replica(replica)
+        assert proc.poll() is None and not replica.tmpdir.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_tree_rss_counts_the_process(tmp_path: Path) -> None:
     assert rp.tree_rss_bytes(os.getpid()) > 10 * 2**20
 
