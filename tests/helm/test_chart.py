@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gateway.config import GatewayConfig
+from gateway.serve import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "foldgate"
@@ -307,18 +308,28 @@ def test_external_replicas_without_vllm(chart: helm.Chart, tmp_path: Path) -> No
     assert not [key for key in objects if "vllm" in key[1]]
 
 
-def test_gateway_command_and_ray_mode(chart: helm.Chart) -> None:
-    plain = container(render(chart), "Deployment", f"{FULLNAME}-gateway")
-    ray = container(
-        render(chart, {"gateway": {"ray": {"enabled": True}, "port": 9000}}),
-        "Deployment",
-        f"{FULLNAME}-gateway",
+def serve_params(objects: Manifests, tmp_path: Path) -> dict[str, Any]:
+    """The gateway container's args as the real `foldgate serve` command parses them."""
+    config = tmp_path / "config.toml"
+    config.write_text(objects[("ConfigMap", f"{FULLNAME}-config")]["data"]["config.toml"])
+    args = container(objects, "Deployment", f"{FULLNAME}-gateway")["args"]
+    mounted = "/etc/foldgate/config.toml"
+    assert flag(args, "--config") == mounted
+    args = [str(config) if a == mounted else a for a in args]
+    return serve.make_context("serve", args).params
+
+
+def test_gateway_args_parse_with_foldgate_serve(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(chart, {"gateway": {"port": 9000}})
+    params = serve_params(objects, tmp_path)
+    assert (params["host"], params["port"], params["use_ray"]) == ("0.0.0.0", 9000, False)
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    assert gateway["ports"][0]["containerPort"] == 9000
+
+    ray = serve_params(
+        render(chart, {"gateway": {"ray": {"enabled": True, "replicas": 3}}}), tmp_path
     )
-    assert plain["args"] == [
-        "--config", "/etc/foldgate/config.toml", "--host", "0.0.0.0", "--port", "8080",
-    ]  # fmt: skip
-    assert "--ray" in ray["args"] and flag(ray["args"], "--port") == "9000"
-    assert ray["ports"][0]["containerPort"] == 9000
+    assert (ray["use_ray"], ray["ray_replicas"], ray["port"]) == (True, 3, 8080)
 
 
 def test_gateway_service_targets_gateway_pods(chart: helm.Chart) -> None:
