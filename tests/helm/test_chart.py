@@ -3,7 +3,8 @@
 Each test renders the chart as `helm template` would, parses the manifests, and checks the
 wiring between objects: the gateway's TOML config loads into GatewayConfig and points at the
 in-release vLLM headless Service and Redis, GPU pods ask for one GPU, and optional objects
-appear only when enabled.
+appear only when enabled. The objects are also checked against the Kubernetes API schema
+(kubernetes-validate, strict: an unknown or misspelled field fails).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -24,6 +26,7 @@ from gateway.serve import serve
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "foldgate"
 RELEASE, NAMESPACE = "demo", "agents"
+KUBE_VERSION = "1.30.0"  # the oldest Kubernetes the chart promises to install on
 FULLNAME = f"{RELEASE}-foldgate"
 
 Manifests = dict[tuple[str, str], dict[str, Any]]
@@ -78,24 +81,41 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-@pytest.mark.parametrize(
-    "values",
-    [
-        {},
-        {
-            "metrics": {"serviceMonitor": {"enabled": True}},
-            "apiKeys": {"keys": {"sk-1": "acme"}},
-            "redis": {"external": {"url": "redis://cache:6379/2"}},
-            "vllm": {"model": {"source": "hostPath"}, "runtimeClassName": "nvidia"},
-            "gateway": {"ray": {"enabled": True}},
-        },
-    ],
-    ids=["defaults", "everything-on"],
-)
+VALUE_SETS = {
+    "defaults": {},
+    "everything-on": {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "apiKeys": {"keys": {"sk-1": "acme"}},
+        "vllm": {"model": {"source": "hostPath"}, "runtimeClassName": "nvidia"},
+        "gateway": {"ray": {"enabled": True}, "nodeSelector": {"pool": "cpu"}},
+        "redis": {"persistence": {"enabled": False}},
+        "imagePullSecrets": [{"name": "regcred"}],
+    },
+    "external-everything": {
+        "redis": {"external": {"existingSecret": "redis-cred"}},
+        "apiKeys": {"existingSecret": "keys"},
+        "vllm": {"enabled": False},
+        "config": {"replica_dns": "vllm.gpu.svc.cluster.local:8000"},
+    },
+}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_lint_is_clean(values: dict[str, Any]) -> None:
     report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
     problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
     assert report["errors"] == [] and problems == []
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_objects_match_the_kubernetes_schema(chart: helm.Chart, values: dict[str, Any]) -> None:
+    for key, doc in render(chart, values).items():
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: no bundled schema
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{key} breaks the Kubernetes schema at {list(exc.path)}: {exc.message}")
 
 
 def test_every_workload_selects_its_own_pods(chart: helm.Chart) -> None:
