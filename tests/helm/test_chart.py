@@ -179,7 +179,8 @@ def test_vllm_pods_take_one_gpu_on_gpu_nodes_with_the_gateways_flags(chart: helm
     assert flag(args, "--served-model-name") == "qwen-test"
     assert flag(args, "--max-model-len") == "65536"
     assert flag(args, "--gpu-memory-utilization") == "0.85"
-    assert flag(args, "--tool-call-parser") == "hermes"
+    assert flag(args, "--tool-call-parser") == "qwen3_coder"
+    assert flag(args, "--reasoning-parser") == "qwen3"
     assert flag(args, "--max-num-seqs") == "32"
     for needed in (
         "--enable-prefix-caching",
@@ -191,6 +192,13 @@ def test_vllm_pods_take_one_gpu_on_gpu_nodes_with_the_gateways_flags(chart: helm
     assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "w", "readOnly": True}
     assert {"name": "models", "mountPath": "/weights", "readOnly": True} in cont["volumeMounts"]
     assert env_var(cont, "HF_HUB_OFFLINE")["value"] == "1"
+
+
+def test_vllm_parsers_are_settable(chart: helm.Chart) -> None:
+    objects = render(chart, {"vllm": {"toolCallParser": "hermes", "reasoningParser": ""}})
+    args = container(objects, "StatefulSet", f"{FULLNAME}-vllm")["args"]
+    assert flag(args, "--tool-call-parser") == "hermes"
+    assert "--reasoning-parser" not in args
 
 
 def test_vllm_model_from_host_path(chart: helm.Chart) -> None:
