@@ -31,3 +31,7 @@ RENDER_SECONDS = Histogram(
 UPSTREAM_ERRORS = Counter(
     "foldgate_upstream_errors_total", "Upstream attempts that failed", ["kind"]
 )
+OVERFLOW_RETRIES = Counter(
+    "foldgate_overflow_retries_total",
+    "Retries with a compacted context after the upstream refused one as too long",
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -21,6 +22,7 @@ from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_reply, encode_request
 from gateway.dialects.volatile import without_volatile
 from gateway.fold import make_renderer
+from gateway.fold.cliff import Cliff
 from gateway.fold.renderer import Renderer, RenderState, estimate_tokens
 from gateway.fold.restore import (
     parse_restore_spec,
@@ -36,6 +38,14 @@ from router.replica import Replica
 from store import VersionConflict
 
 RENDER_CACHE_SESSIONS = 4096
+UNBOUNDED_TOKENS = 1 << 40
+_CONTEXT_TOO_LONG = re.compile(
+    r"maximum context length|maximum model length|context length|prompt is too long", re.I
+)
+
+
+def _context_too_long(exc: UpstreamError) -> bool:
+    return exc.status == 400 and bool(_CONTEXT_TOO_LONG.search(str(exc)))
 
 
 @dataclass
@@ -203,10 +213,36 @@ class Pipeline:
         """
         await self._discover_model()
         rendered, tokens = self.render(prepared)
-        replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+        try:
+            replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+        except UpstreamError as exc:
+            if not _context_too_long(exc):
+                raise
+            replica, stream, tokens = await self._open_compacted(prepared, rendered, exc)
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
         metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
         return replica, tokens, self._chunks(prepared, replica, stream)
+
+    async def _open_compacted(
+        self, prepared: Prepared, rendered: Transcript, refusal: UpstreamError
+    ) -> tuple[Replica, ChatStream, int]:
+        """The upstream refused the context as too long: walk CliffCompaction's ladder over
+        the rendering, retrying with each smaller rung until one is accepted."""
+        # The threshold only decides unforced compactions; the ladder ignores it.
+        ladder = Cliff(threshold=UNBOUNDED_TOKENS).compact_for_overflow(rendered)
+        for rung in ladder:
+            metrics.OVERFLOW_RETRIES.inc()
+            try:
+                replica, stream = await self.open(
+                    prepared, self.upstream_body(prepared, rung.transcript)
+                )
+            except UpstreamError as exc:
+                if not _context_too_long(exc):
+                    raise
+                refusal = exc
+                continue
+            return replica, stream, sum(estimate_tokens(m) for m in rung.transcript.messages)
+        raise refusal
 
     async def _chunks(
         self, prepared: Prepared, replica: Replica, stream: ChatStream

@@ -28,6 +28,7 @@ class ScriptedReply:
     content: str = "ok"
     tool_calls: list[tuple[str, str]] = field(default_factory=list)
     status: int = 200
+    error_message: str = "fake upstream error"
     chunk_chars: int = 8
 
 
@@ -84,7 +85,7 @@ class FakeUpstream:
         reply = self.script.popleft() if self.script else self.default
         if reply.status != 200:
             return web.json_response(
-                {"error": {"message": "fake upstream error", "type": "server_error"}},
+                {"error": {"message": reply.error_message, "type": "BadRequestError"}},
                 status=reply.status,
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})

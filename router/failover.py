@@ -64,7 +64,9 @@ async def with_failover(
             with replica.track():
                 return await attempt(replica)
         except UpstreamFailed as exc:
-            pool.report_failure(replica)
+            # A 4xx is the request's fault (e.g. context too long), not the replica's.
+            if not (exc.status is not None and 400 <= exc.status < 500):
+                pool.report_failure(replica)
             if not exc.retryable:
                 raise
             log.warning("upstream %s failed before first byte: %s", replica.url, exc)

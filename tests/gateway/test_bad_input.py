@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loadtests.fake_upstream import ScriptedReply
@@ -138,3 +140,25 @@ async def test_response_headers_report_session_replica_and_tokens(gateway_with_f
         raw = int(resp.headers["x-foldgate-prompt-tokens-raw"])
         rendered = int(resp.headers["x-foldgate-prompt-tokens-rendered"])
         assert rendered < raw / 2
+
+
+async def test_context_too_long_walks_the_cliff_ladder_and_retries(gateway_with_fake, client):
+    too_long = ScriptedReply(
+        status=400,
+        error_message="This model's maximum context length is 4096 tokens. However, you "
+        "requested 9000 tokens in the messages.",
+    )
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    for i in range(12):
+        messages.append({"role": "assistant", "content": f"thinking about part {i} " * 40})
+        messages.append({"role": "user", "content": f"observation {i} " * 200})
+    async with gateway_with_fake([too_long]) as (url, fake):
+        resp = await client.post(
+            f"{url}/v1/chat/completions", json={"model": "m", "messages": messages}
+        )
+        assert resp.status_code == 200, resp.text
+        assert len(fake.requests) == 2
+        first, retried = (len(json.dumps(r["messages"])) for r in fake.requests)
+        assert retried < first / 2
+        kept = fake.requests[1]["messages"]
+        assert kept[0]["role"] == "system" and kept[1] == {"role": "user", "content": "task"}
