@@ -125,7 +125,7 @@ class Pipeline:
         self, tenant: str, session: str, branch: int, transcript: Transcript
     ) -> tuple[list[Message], list[int]]:
         """The harness's messages with the gateway's own turns (restores) put back in place."""
-        turns = (await self.store.load(tenant, session, branch)).gateway_turns
+        turns = (await self.store.load(tenant, session, branch, messages=False)).gateway_turns
         history: list[Message] = []
         restored: list[int] = []
         for position in range(len(transcript.messages) + 1):

@@ -261,8 +261,14 @@ class SessionStore(ABC):
         """Store the history a harness sent; see the module doc for which branch it lands on."""
 
     @abstractmethod
-    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
-        """A branch's full history (``None``: the session's head); ``NotFound`` if absent."""
+    async def load(
+        self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
+    ) -> StoredHistory:
+        """A branch's full history (``None``: the session's head); ``NotFound`` if absent.
+
+        ``messages=False`` reads only the gateway turns (``messages`` comes back empty): the
+        gateway needs them on every request and already holds the harness's messages.
+        """
 
     @abstractmethod
     async def append_gateway_turns(

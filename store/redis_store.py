@@ -136,7 +136,9 @@ class RedisStore(SessionStore):
                 return IngestResult(int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
 
-    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
+    async def load(
+        self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
+    ) -> StoredHistory:
         keys = self._keys(tenant, session)
         meta_k, _, msgs_k, blobs_k, gw_k, _ = keys
         if branch is not None:
@@ -154,10 +156,15 @@ class RedisStore(SessionStore):
             }
             segments = ancestry(branches, b)
             pipe = self._redis.pipeline(transaction=False)
-            pipe.hmget(msgs_k, [f"{s}:{i}" for s, lo, hi in segments for i in range(lo, hi)])
+            fields = (
+                [f"{s}:{i}" for s, lo, hi in segments for i in range(lo, hi)] if messages else []
+            )
+            if fields:
+                pipe.hmget(msgs_k, fields)
             for s, _, _ in segments:
                 pipe.hget(gw_k, f"{s}:n")
-            bodies, *counts = await pipe.execute()
+            counts = await pipe.execute()
+            bodies = counts.pop(0) if fields else []
             if any(body is None for body in bodies):
                 raise NotFound(f"session {session!r} was deleted or expired while loading")
             # a fork sees an ancestor's gateway turns that follow a message of the shared part

@@ -215,15 +215,24 @@ class SQLiteStore(SessionStore):
         )
         return IngestResult(target, n, n - from_, best < 0)
 
-    async def load(self, tenant: str, session: str, branch: int | None = None) -> StoredHistory:
+    async def load(
+        self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
+    ) -> StoredHistory:
         check_id("tenant", tenant)
         check_id("session", session)
         if branch is not None:
             check_branch(branch)
-        return await self._run(lambda c: self._load(c, tenant, session, branch), write=True)
+        return await self._run(
+            lambda c: self._load(c, tenant, session, branch, messages), write=True
+        )
 
     def _load(
-        self, conn: sqlite3.Connection, tenant: str, session: str, branch: int | None
+        self,
+        conn: sqlite3.Connection,
+        tenant: str,
+        session: str,
+        branch: int | None,
+        with_messages: bool,
     ) -> StoredHistory:
         sid = self._need_sid(conn, tenant, session)
         (head,) = conn.execute("SELECT head FROM sessions WHERE id=?", (sid,)).fetchone()
@@ -239,14 +248,15 @@ class SQLiteStore(SessionStore):
         bodies: list[bytes] = []
         turns: list[tuple[int, bytes]] = []
         for s, lo, hi in ancestry(branches, b):
-            bodies += [
-                bytes(r[0])
-                for r in conn.execute(
-                    "SELECT body FROM messages WHERE sid=? AND branch=? AND pos>=? AND pos<?"
-                    " ORDER BY pos",
-                    (sid, s, lo, hi),
-                )
-            ]
+            if with_messages:
+                bodies += [
+                    bytes(r[0])
+                    for r in conn.execute(
+                        "SELECT body FROM messages WHERE sid=? AND branch=? AND pos>=? AND pos<?"
+                        " ORDER BY pos",
+                        (sid, s, lo, hi),
+                    )
+                ]
             # a fork sees an ancestor's gateway turns that follow a message of the shared part
             turns += [
                 (a, bytes(body))

@@ -139,6 +139,10 @@ async def test_gateway_turns_kept_beside_history(store: SessionStore, tenant: st
     r = await store.ingest(tenant, "s", [*h[:3], msg("user", "fork")])
     fork = await store.load(tenant, "s", r.branch_id)
     assert {k: list(v) for k, v in fork.gateway_turns.items()} == {1: [msg("assistant", "early")]}
+    # the gateway's per-request read: the turns without the history it already holds
+    light = await store.load(tenant, "s", r.branch_id, messages=False)
+    assert light.messages == ()
+    assert light.gateway_turns == fork.gateway_turns
 
 
 async def test_gateway_turn_errors(store: SessionStore, tenant: str) -> None:
