@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi
-.venv/bin/pip install -q -e '.[dev]'
+.venv/bin/pip install -q -e '.[dev,ray]' 2>&1 | { grep -v 'is ignored: it is neither a file' || true; }
 if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
