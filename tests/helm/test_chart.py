@@ -10,7 +10,12 @@ appear only when enabled. The objects are also checked against the Kubernetes AP
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
 from gateway.serve import serve
 
@@ -358,6 +364,63 @@ def test_gateway_args_parse_with_foldgate_serve(chart: helm.Chart, tmp_path: Pat
         render(chart, {"gateway": {"ray": {"enabled": True, "replicas": 3}}}), tmp_path
     )
     assert (ray["use_ray"], ray["ray_replicas"], ray["port"]) == (True, 3, 8080)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_rendered_gateway_boots_and_its_probes_split_as_designed(
+    chart: helm.Chart, tmp_path: Path, redis_url: str
+) -> None:
+    """The pod's config and args start the real gateway. With no vLLM reachable the
+    readiness path (/health) fails while the liveness path (/metrics) still answers, so
+    Kubernetes takes the pod out of the Service instead of restarting it."""
+    port, dead = free_ports(2)
+    objects = render(
+        chart,
+        {
+            "vllm": {"enabled": False},
+            "config": {"replica_dns": f"localhost:{dead}", "probe_interval_s": 0.2},
+            "redis": {"external": {"url": redis_url}},
+            "gateway": {"port": port},
+        },
+    )
+    params = serve_params(objects, tmp_path)
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    readiness = gateway["readinessProbe"]["httpGet"]["path"]
+    liveness = gateway["livenessProbe"]["httpGet"]["path"]
+    args = [
+        str(tmp_path / "config.toml") if a.endswith("config.toml") else a for a in gateway["args"]
+    ]
+    assert params["port"] == port
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from gateway.cli import main; main()", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                live = http_get(base + liveness)
+                break
+            except OSError:
+                assert proc.poll() is None, f"gateway exited: {proc.communicate()[0][-2000:]}"
+                assert time.monotonic() < deadline, "gateway did not listen within 60 s"
+                time.sleep(0.2)
+        ready = http_get(base + readiness)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert live[0] == 200 and "foldgate_requests_total" in live[1]
+    assert ready[0] == 503 and json.loads(ready[1])["healthy_replicas"] == []
 
 
 def test_gateway_service_targets_gateway_pods(chart: helm.Chart) -> None:
