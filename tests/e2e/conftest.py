@@ -22,6 +22,7 @@ from deploy.cpu.replicas import (
     free_ports,
     start_replicas,
 )
+from tests.e2e.ray_fixture import ray_serve_gateway  # noqa: F401  (module fixture)
 
 INSTALLER = ROOT / "deploy" / "cpu" / "install.sh"
 REPLICAS = 2
