@@ -49,7 +49,15 @@ from gateway.fold.renderer import (
     TokenCount,
     estimate_tokens,
 )
-from gateway.fold.spans import DedupIndex, dedup_output, path_from_call, path_from_command
+from gateway.fold.spans import (
+    DedupIndex,
+    FileView,
+    dedup_output,
+    path_from_call,
+    path_from_command,
+    view_from_call,
+    view_from_command,
+)
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
 
@@ -267,7 +275,10 @@ class ReFold(Renderer):
     def _compressed(self, c: ReFoldCache, m: Message, step: int, state: RenderState) -> Message:
         text = m.text
         if self.dedup and step not in state.pinned:
-            text, stubs = dedup_output(text, step, c.index, _path_hint(c.producers[step]))
+            producer = c.producers[step]
+            text, stubs = dedup_output(
+                text, step, c.index, _path_hint(producer), _view_hint(producer)
+            )
             c.stubs += stubs
         return m.with_text(f"[step {step}]\n{text}")
 
@@ -300,3 +311,9 @@ def _path_hint(producer: ToolCall | str | None) -> str | None:
     if isinstance(producer, ToolCall):
         return path_from_call(producer.name, producer.arguments)
     return path_from_command(producer) if producer else None
+
+
+def _view_hint(producer: ToolCall | str | None) -> FileView | None:
+    if isinstance(producer, ToolCall):
+        return view_from_call(producer.name, producer.arguments)
+    return view_from_command(producer) if producer else None

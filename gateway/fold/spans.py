@@ -18,10 +18,12 @@ worth breaking the output's flow (and a stub must always be shorter than what it
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import xxhash
 
@@ -29,6 +31,14 @@ MIN_SPAN_CHARS = 200
 # A stub eliding more lines than this keeps the top-level class/def lines of the content.
 LONG_STUB_LINES = 30
 MAX_SIGNATURES = 12
+
+# Repeated line runs: a run of lines that an earlier step shows contiguously is stubbed
+# when it has at least MIN_RUN_LINES lines and MIN_RUN_CHARS characters (measured on the
+# shared trajectories: see the test module). SHINGLE consecutive lines key the index; a
+# run is found through any of its shingles, so it must be at least that long.
+MIN_RUN_LINES = 6
+MIN_RUN_CHARS = 300
+SHINGLE = 4
 
 SpanKind = Literal["output", "file", "search"]
 
@@ -50,6 +60,16 @@ _NUMBERING_COMMAND = re.compile(
     r"([^\s|;&<>'\"`$()]+)\s*(?:$|[|;&)])",
     re.MULTILINE,
 )
+# A command that prints (part of) one file as is, alone on its line or after `cd dir &&`:
+# the printed lines are then known file lines. Anything piped or chained around it is not.
+_VIEW_COMMAND = re.compile(
+    r"^[ \t]*(?:cd\s+[^\s;&|]+\s*&&\s*)?"
+    r"(?:sed\s+-n\s+(['\"]?)(\d+),(\d+)p\1|head\s+(?:-n\s*|-)(\d+)|cat)"
+    r"\s+([^\s|;&<>'\"`$()*?-][^\s|;&<>'\"`$()*?]*)[ \t]*$",
+    re.MULTILINE,
+)
+# SWE-agent's prompt lines after every output; never file lines.
+_FOOTER = ("(Open file:", "(Current directory:", "bash-$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +87,30 @@ class Span:
     line_count: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class FileView:
+    """An unnumbered view of ``path`` that a call printed: its content lines are file lines
+    ``first_line``, ``first_line + 1``, ... (at most ``line_count`` of them, if known)."""
+
+    path: str
+    first_line: int = 1
+    line_count: int | None = None
+
+
+# (first output line, end output line, path, file line number of the first)
+_Place = tuple[int, int, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """A stretch of consecutive lines a compressed step shows verbatim."""
+
+    step: int
+    first: int  # index of lines[0] among the step's output lines
+    lines: list[str]
+    places: tuple[_Place, ...]  # where the step's output holds known file lines
+
+
 @dataclass(slots=True)
 class DedupIndex:
     """What the compressed steps so far have shown, to find duplicates in the next ones."""
@@ -75,6 +119,10 @@ class DedupIndex:
     exact: dict[int, tuple[int, str, int, int]] = field(default_factory=dict)
     # path -> shown ranges (step, first line number, code lines), oldest first
     ranges: dict[str, list[tuple[int, int, tuple[str, ...]]]] = field(default_factory=dict)
+    # SHINGLE consecutive shown lines -> (slot in ``shown``, offset there); first copy wins.
+    # Keyed by the lines themselves: exact, and no per-line hashing in Python.
+    shingles: dict[tuple[str, ...], tuple[int, int]] = field(default_factory=dict)
+    shown: list[_Shown] = field(default_factory=list)
 
 
 def normalize_path(path: str) -> str:
@@ -90,26 +138,50 @@ def path_from_call(name: str, arguments: str) -> str | None:
     ``file_path``/``path`` arguments (Claude Code Read, OpenHands/SWE-agent editors) or a
     shell command that numbers one file (``cat -n f``, ``nl -ba f | sed -n 5,9p``).
     """
-    try:
-        args = json.loads(arguments)
-    except ValueError:
-        return path_from_command(arguments)
-    if not isinstance(args, dict):
-        return None
+    args, command = _call_arguments(arguments)
     for key in ("file_path", "path"):
         value = args.get(key)
         if isinstance(value, str) and value:
             return normalize_path(value)
-    command = args.get("command") or args.get("cmd")
-    if isinstance(command, list):
-        command = " ".join(str(c) for c in command)
-    return path_from_command(command) if isinstance(command, str) else None
+    return path_from_command(command) if command else None
 
 
 def path_from_command(command: str) -> str | None:
     """The single file a shell command prints with line numbers (``cat -n``/``nl``)."""
     found = {normalize_path(m.group(1)) for m in _NUMBERING_COMMAND.finditer(command)}
     return found.pop() if len(found) == 1 else None
+
+
+def view_from_call(name: str, arguments: str) -> FileView | None:
+    """The file lines a shell call prints without numbers, if it clearly does."""
+    _, command = _call_arguments(arguments)
+    return view_from_command(command) if command else None
+
+
+def view_from_command(command: str) -> FileView | None:
+    """``sed -n 'a,bp' f``, ``head -n N f`` or ``cat f`` as the command's only output."""
+    found = list(_VIEW_COMMAND.finditer(command))
+    if len(found) != 1:
+        return None
+    _, first, last, head, path = found[0].groups()
+    if first is not None:
+        lo, hi = int(first), int(last)
+        return FileView(normalize_path(path), lo, hi - lo + 1) if 1 <= lo <= hi else None
+    return FileView(normalize_path(path), 1, int(head) if head is not None else None)
+
+
+def _call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
+    """A call's JSON arguments and its shell command; non-JSON text is taken as a command."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return {}, arguments
+    if not isinstance(args, dict):
+        return {}, None
+    command = args.get("command") or args.get("cmd")
+    if isinstance(command, list):
+        command = " ".join(str(c) for c in command)
+    return args, command if isinstance(command, str) else None
 
 
 def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
@@ -201,9 +273,15 @@ def digest(text: str) -> int:
 
 
 def dedup_output(
-    text: str, step: int, index: DedupIndex, path_hint: str | None = None
+    text: str,
+    step: int,
+    index: DedupIndex,
+    path_hint: str | None = None,
+    view: FileView | None = None,
 ) -> tuple[str, int]:
-    """``text`` with duplicate spans stubbed, and the number of stubs; updates ``index``."""
+    """``text`` with duplicate spans and repeated line runs stubbed, and the number of stubs;
+    updates ``index`` with what stays shown. ``view``: the unnumbered file view the producing
+    call printed (see ``view_from_call``), used to name file lines in stubs."""
     spans = split_spans(text, path_hint)
     whole = spans[0]
     whole_digest = digest(text)
@@ -213,27 +291,62 @@ def dedup_output(
         stub = _stub(first, text, whole, files[0] if len(files) == 1 else None)
         if len(stub) < len(text):
             return stub, 1
-    pieces: list[str] = []
-    stubs = 0
-    cursor = 0
+    lines = text.split("\n")
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    # 1. Spans shown before, by an earlier step or earlier in this output.
+    stubs: dict[int, tuple[int, str]] = {}  # first line -> (end line, stub)
+    kept: list[tuple[Span, int, int]] = []  # (span, first line, end line)
+    here = DedupIndex()  # this output's kept spans, so later spans can point at them
+    self_stub = False
     for span in spans[1:]:
         body = text[span.start : span.end]
         source = _source_of(index, span, body)
+        if source is None:
+            source = _source_of(here, span, body)
+        lo = bisect.bisect_right(starts, span.start) - 1
+        hi = bisect.bisect_right(starts, span.end)
         stub = _stub(source, body, span) if source is not None else None
         if stub is not None and len(stub) < len(body):
-            pieces.append(text[cursor : span.start])
-            pieces.append(stub)
-            cursor = span.end
-            stubs += 1
+            stubs[lo] = (hi, stub)
+            self_stub = self_stub or source == step
             continue
-        index.exact.setdefault(digest(body), (step, text, span.start, span.end))
-        if span.kind == "file" and span.path:
-            index.ranges.setdefault(span.path, []).append((step, span.first_line, span.codes))
+        kept.append((span, lo, hi))
+        _remember_span(here, step, text, span)
+    # 2. Runs of lines an earlier step shows. Spans that a stub above points at stay whole.
+    blocked = bytearray(len(lines))
+    for lo, (hi, _) in stubs.items():
+        blocked[lo:hi] = b"\1" * (hi - lo)
+    if self_stub:
+        for _, lo, hi in kept:
+            blocked[lo:hi] = b"\1" * (hi - lo)
+    runs = _find_runs(lines, blocked, index, step)
+    for lo, hi, stub in runs:
+        stubs[lo] = (hi, stub)
+        blocked[lo:hi] = b"\2" * (hi - lo)
+    # 3. Index what stays shown: spans no run cut into, the output, its visible lines.
+    for span, lo, hi in kept:
+        if b"\2" not in blocked[lo:hi]:
+            _remember_span(index, step, text, span)
     index.exact.setdefault(whole_digest, (step, text, 0, len(text)))
+    _remember_lines(index, step, lines, blocked, _places(lines, starts, spans, view))
     if not stubs:
         return text, 0
-    pieces.append(text[cursor:])
-    return "".join(pieces), stubs
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if i in stubs:
+            i, stub = stubs[i]
+            out.append(stub)
+        else:
+            out.append(lines[i])
+            i += 1
+    return "\n".join(out), len(stubs)
+
+
+def _remember_span(index: DedupIndex, step: int, text: str, span: Span) -> None:
+    index.exact.setdefault(digest(text[span.start : span.end]), (step, text, span.start, span.end))
+    if span.kind == "file" and span.path:
+        index.ranges.setdefault(span.path, []).append((step, span.first_line, span.codes))
 
 
 def _exact_copy(index: DedupIndex, key: int, body: str) -> int | None:
@@ -284,3 +397,136 @@ def _signatures(body: str, span: Span) -> list[str]:
     codes = span.codes if span.kind == "file" else lines
     found = [line for line, code in zip(lines, codes, strict=False) if _SIGNATURE.match(code)]
     return found[:MAX_SIGNATURES]
+
+
+# -- repeated line runs --------------------------------------------------------------------
+
+
+def _find_runs(
+    lines: list[str], blocked: bytearray, index: DedupIndex, step: int
+) -> list[tuple[int, int, str]]:
+    """(first line, end line, stub) of each maximal run of free lines that an earlier step
+    shows contiguously and that is worth a stub. Greedy, left to right: a shingle hit is
+    extended both ways (backwards only over lines no run took), then the scan resumes
+    after it, so each line is looked up about once."""
+    runs: list[tuple[int, int, str]] = []
+    shingles, shown = index.shingles, index.shown
+    if not shingles:
+        return runs
+    for lo, hi in _free_stretches(blocked):
+        i = cursor = lo
+        while i + SHINGLE <= hi:
+            hit = shingles.get(tuple(lines[i : i + SHINGLE]))
+            if hit is None:
+                i += 1
+                continue
+            source = shown[hit[0]]
+            offset, theirs = hit[1], source.lines
+            end = i + SHINGLE
+            limit = min(hi, i + len(theirs) - offset)
+            while end < limit and theirs[offset + end - i] == lines[end]:
+                end += 1
+            start = i
+            while start > cursor and offset > 0 and theirs[offset - 1] == lines[start - 1]:
+                start, offset = start - 1, offset - 1
+            stub = _run_stub(lines, start, end, source, offset, step)
+            if stub is None:
+                i = max(i + 1, end - SHINGLE + 1)
+                continue
+            runs.append((start, end, stub))
+            i = cursor = end
+    return runs
+
+
+def _run_stub(
+    lines: list[str], start: int, end: int, source: _Shown, offset: int, step: int
+) -> str | None:
+    """The stub for ``lines[start:end]``, shown by ``source`` from its line ``offset``;
+    None when the run is too small or the stub would not be shorter."""
+    count = end - start
+    if count < MIN_RUN_LINES:
+        return None
+    size = sum(map(len, lines[start:end])) + count - 1
+    if size < MIN_RUN_CHARS:
+        return None
+    first = source.first + offset  # 0-based line of the copy in the source step's output
+    where = f"step {source.step} lines {first + 1}-{first + count}"
+    for lo, hi, path, file_line in source.places:
+        if lo <= first and first + count <= hi:
+            line = file_line + first - lo
+            where += f" ({path} lines {line}-{line + count - 1})"
+            break
+    signatures = []
+    if count > LONG_STUB_LINES:
+        run = lines[start:end]
+        signatures = [line for line in run if _SIGNATURE.match(_code(line))][:MAX_SIGNATURES]
+    kept = f"; {len(signatures)} top-level definitions kept below" if signatures else ""
+    head = (
+        f"[lines {start + 1}-{end} of this output: same as {where}{kept}"
+        f" — restore {step} to see them]"
+    )
+    stub = "\n".join([head, *signatures])
+    return stub if len(stub) < size else None
+
+
+def _code(line: str) -> str:
+    """A line without its file-view line number, if it has one."""
+    m = _TAB_LINE.fullmatch(line) or _ARROW_LINE.fullmatch(line)
+    return m.group(2) if m else line
+
+
+def _remember_lines(
+    index: DedupIndex, step: int, lines: list[str], blocked: bytearray, places: tuple[_Place, ...]
+) -> None:
+    """Index every shingle of each stretch of lines this step shows verbatim (first copy
+    wins). Stretches too short to hold a stubbable run are skipped."""
+    setdefault = index.shingles.setdefault
+    for lo, hi in _free_stretches(blocked):
+        if hi - lo < MIN_RUN_LINES:
+            continue
+        shown = _Shown(step, lo, lines[lo:hi], places)
+        slot = len(index.shown)
+        index.shown.append(shown)
+        for j in range(hi - lo - SHINGLE + 1):
+            setdefault(tuple(shown.lines[j : j + SHINGLE]), (slot, j))
+
+
+_FREE = re.compile(rb"\0+")
+
+
+def _free_stretches(blocked: bytearray) -> list[tuple[int, int]]:
+    """(start, end) of each maximal stretch of lines not taken by a stub."""
+    return [m.span() for m in _FREE.finditer(blocked)]
+
+
+def _places(
+    lines: list[str], starts: list[int], spans: list[Span], view: FileView | None
+) -> tuple[_Place, ...]:
+    """Where this output shows known file lines: numbered file spans with a path, and the
+    content of an unnumbered view the call printed."""
+    places = []
+    for span in spans[1:]:
+        if span.kind == "file" and span.path:
+            lo = bisect.bisect_right(starts, span.start) - 1
+            places.append((lo, lo + span.line_count, span.path, span.first_line))
+    if view is not None and (content := _view_content(lines, view)) is not None:
+        places.append((*content, view.path, view.first_line))
+    return tuple(places)
+
+
+def _view_content(lines: list[str], view: FileView) -> tuple[int, int] | None:
+    """The output lines that hold the viewed file's lines: all of them, or those inside
+    mini-swe-agent's ``<returncode>0</returncode><output>…</output>`` wrapper, without
+    SWE-agent's prompt footer; no more than the view asked for."""
+    lo, hi = 0, len(lines)
+    if lines[0].startswith("<returncode>"):
+        if lines[0] != "<returncode>0</returncode>" or hi < 3 or lines[1] != "<output>":
+            return None  # a failed command, or a truncated output
+        lo = 2
+        if lines[-1] == "</output>":
+            hi -= 1
+    while hi > lo and lines[hi - 1].startswith(_FOOTER):
+        hi -= 1
+    if view.line_count is not None:
+        hi = min(hi, lo + view.line_count)
+    return lo, hi
