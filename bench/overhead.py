@@ -1,0 +1,422 @@
+"""Gateway overhead: added latency vs calling the upstream directly, and requests/s per core.
+
+The upstream is the FAKE instant one (``loadtests/fake_upstream.py``) in its own process, so
+every millisecond measured is the gateway's (plus one extra local HTTP hop). The gateway
+runs as ``foldgate serve`` in a subprocess, on uvicorn and on Ray Serve (HAProxy ingress,
+throughput-optimized). The workload is one synthetic coding-agent session with tool calls
+whose history grows step by step to about ``--kb`` KB of text (~``kb*256`` tokens at 4 bytes
+per token); request t re-sends the whole history up to step t, as a harness does.
+
+Latency: for every step the same request bytes go directly to the fake upstream and through
+the gateway, interleaved, so machine noise hits both alike; the added latency of one step is
+gateway minus direct (full SSE response read). "small" pools the first ``--bucket`` steps,
+"full" the last ``--bucket`` steps, over ``--repeats`` sessions.
+
+Throughput: ``--sessions`` concurrent sessions each run all steps through the gateway;
+req/s per core divides the requests by the CPU seconds (user+system, from /proc) that the
+gateway's process tree spent (for Ray: driver, GCS, raylet, controller, replica, HAProxy).
+
+    .venv/bin/python bench/overhead.py [--modes uvicorn,ray] [--strategies refold,base]
+        [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+# Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deploy.cpu.replicas import free_ports
+from gateway.serve_ray import fast_path_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDGATE = Path(sys.executable).parent / "foldgate"
+AIM_MS = {"uvicorn": 2.0, "ray": 3.0}
+START_TIMEOUT_S = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+Msg = dict[str, Any]
+
+# Tool outputs look like what coding agents read: numbered source lines, test logs, diffs.
+WORDS = [
+    *("def", "class", "return", "import", "self", "value", "result", "error", "assert"),
+    *("config", "request", "session", "token", "message", "render", "store", "replica"),
+    *("stream", "chunk", "append", "index", "items", "len", "None", "True"),
+]
+
+
+def source_text(rng: random.Random, size: int) -> str:
+    lines: list[str] = []
+    used = 0
+    while used < size:
+        indent = "    " * rng.randint(0, 3)
+        line = f"{len(lines) + 1:6d}\t{indent}{' '.join(rng.choices(WORDS, k=rng.randint(3, 12)))}"
+        lines.append(line)
+        used += len(line) + 1
+    return "\n".join(lines)
+
+
+def synthetic_session(steps: int, total_kb: int, seed: int = 0) -> list[Msg]:
+    """System + task, then ``steps`` assistant tool calls each followed by its output."""
+    rng = random.Random(seed)
+    per_step = max(64, total_kb * 1024 // steps - 120)
+    messages: list[Msg] = [
+        {"role": "system", "content": f"{uuid.UUID(int=rng.getrandbits(128))} coding agent."},
+        {"role": "user", "content": "The tests in tests/test_store.py fail; fix the bug."},
+    ]
+    for step in range(steps):
+        command = rng.choice(["cat -n", "pytest -q", "grep -rn value", "sed -n 1,200p"])
+        call_id = f"call_{step}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"cmd": f"{command} src/mod{step % 9}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call_id, "content": source_text(rng, per_step)}
+        )
+    return messages
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+
+
+def request_bodies(messages: list[Msg], steps: int) -> list[bytes]:
+    """Request t (1-based) ends with the output of tool step t; encoded once, sent as is."""
+    return [
+        json.dumps(
+            {
+                "model": "fake-model",
+                "messages": messages[: 2 + 2 * t],
+                "tools": TOOLS,
+                "stream": True,
+                "max_tokens": 64,
+            }
+        ).encode()
+        for t in range(1, steps + 1)
+    ]
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User+system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces; fields resume after its closing bracket.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
+@contextmanager
+def process(
+    argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """Run ``argv`` in its own process group; SIGTERM (then SIGKILL) that group at exit."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Ray's own children may outlive the driver for a moment.
+        signal_group(proc.pid, signal.SIGKILL)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{url} exited during start; see {log}")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"{url} not ready after {START_TIMEOUT_S:.0f} s; see {log}")
+
+
+def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[str]:
+    argv = [str(FOLDGATE), "serve", "--port", str(port), "--replica", upstream]
+    argv += ["--store", store_url]
+    return [*argv, "--ray"] if mode == "ray" else argv
+
+
+def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
+    if mode != "ray":
+        return {}
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir=tmp)
+    return {
+        **fast_path_env(move_ports=True),
+        "RAY_TMPDIR": ray_tmp,
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+    }
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> float:
+    started = time.perf_counter()
+    async with http.post(url, data=body, headers=headers) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}")
+    return time.perf_counter() - started
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def added_latency(
+    gateway: str, upstream: str, bodies: list[bytes], strategy: str, repeats: int, bucket: int
+) -> dict[str, Any]:
+    small: list[float] = []
+    full: list[float] = []
+    direct_full: list[float] = []
+    json_type = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        for _ in range(repeats):
+            headers = {
+                **json_type,
+                "x-session-id": f"lat-{uuid.uuid4()}",
+                "x-foldgate-strategy": strategy,
+            }
+            for t, body in enumerate(bodies):
+                # Alternate which goes first so a warm-up effect favours neither.
+                if t % 2:
+                    via = await post(http, f"{gateway}/v1/chat/completions", body, headers)
+                    direct = await post(http, f"{upstream}/v1/chat/completions", body, json_type)
+                else:
+                    direct = await post(http, f"{upstream}/v1/chat/completions", body, json_type)
+                    via = await post(http, f"{gateway}/v1/chat/completions", body, headers)
+                if t < bucket:
+                    small.append(via - direct)
+                if t >= len(bodies) - bucket:
+                    full.append(via - direct)
+                    direct_full.append(direct)
+    ms = 1000.0
+    return {
+        "added_ms_small_p50": pct(small, 0.5) * ms,
+        "added_ms_small_p99": pct(small, 0.99) * ms,
+        "added_ms_full_p50": pct(full, 0.5) * ms,
+        "added_ms_full_p99": pct(full, 0.99) * ms,
+        "direct_ms_full_p50": pct(direct_full, 0.5) * ms,
+        "samples_per_bucket": len(small),
+    }
+
+
+async def throughput(
+    gateway: str, gateway_pid: int, bodies: list[bytes], strategy: str, sessions: int
+) -> dict[str, Any]:
+    async def one_session(http: aiohttp.ClientSession) -> None:
+        headers = {
+            "content-type": "application/json",
+            "x-session-id": f"tput-{uuid.uuid4()}",
+            "x-foldgate-strategy": strategy,
+        }
+        for body in bodies:
+            await post(http, f"{gateway}/v1/chat/completions", body, headers)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=600)
+    ) as http:
+        cpu_before = tree_cpu_seconds(gateway_pid)
+        started = time.perf_counter()
+        await asyncio.gather(*(one_session(http) for _ in range(sessions)))
+        wall = time.perf_counter() - started
+        cpu = tree_cpu_seconds(gateway_pid) - cpu_before
+    requests = sessions * len(bodies)
+    return {
+        "requests": requests,
+        "req_per_s": requests / wall,
+        "gateway_cpu_s": cpu,
+        "req_per_cpu_s": requests / cpu if cpu > 0 else float("nan"),
+    }
+
+
+async def run_mode(
+    mode: str, strategies: Sequence[str], bodies: list[bytes], args: argparse.Namespace, tmp: Path
+) -> list[dict[str, Any]]:
+    fake_port, gateway_port = free_ports(2)
+    upstream = f"http://127.0.0.1:{fake_port}"
+    gateway = f"http://127.0.0.1:{gateway_port}"
+    store_url = args.store_url or f"sqlite:///{tmp}/{mode}-store.db"
+    fake_log, gateway_log = tmp / "fake.log", tmp / f"{mode}.log"
+    rows = []
+    fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
+    with (
+        process(fake_argv, fake_log) as fake,
+        process(
+            gateway_argv(mode, gateway_port, upstream, store_url),
+            gateway_log,
+            gateway_env(mode, tmp),
+        ) as gateway_proc,
+    ):
+        await wait_ready(f"{upstream}/health", fake, fake_log)
+        await wait_ready(f"{gateway}/health", gateway_proc, gateway_log)
+        # Warm-up: first-request costs (imports, connection setup, model discovery).
+        await added_latency(gateway, upstream, bodies[:4], strategies[0], 1, 1)
+        for strategy in strategies:
+            row = {"mode": mode, "strategy": strategy}
+            row |= await added_latency(
+                gateway, upstream, bodies, strategy, args.repeats, args.bucket
+            )
+            if args.sessions:
+                row |= await throughput(gateway, gateway_proc.pid, bodies, strategy, args.sessions)
+            rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    table = Table(
+        title=(
+            f"gateway overhead vs direct (FAKE upstream): {meta['steps']} steps, "
+            f"history {meta['small_kb']:.0f}-{meta['full_kb']:.0f} KB "
+            f"(~{meta['full_kb'] * 256:.0f} tokens at the end), {meta['cores']} cores"
+        )
+    )
+    for name in (
+        "mode",
+        "strategy",
+        "added ms small p50/p99",
+        "added ms full p50/p99",
+        "direct ms full p50",
+        "aim ms p50",
+        f"req/s {meta['sessions']} sess.",
+        "req/CPU-s",
+    ):
+        table.add_column(name, justify="left" if name in {"mode", "strategy"} else "right")
+    for r in rows:
+        table.add_row(
+            r["mode"],
+            r["strategy"],
+            f"{r['added_ms_small_p50']:.2f} / {r['added_ms_small_p99']:.2f}",
+            f"{r['added_ms_full_p50']:.2f} / {r['added_ms_full_p99']:.2f}",
+            f"{r['direct_ms_full_p50']:.2f}",
+            f"{AIM_MS[r['mode']]:.1f}",
+            f"{r['req_per_s']:.0f}" if "req_per_s" in r else "-",
+            f"{r['req_per_cpu_s']:.0f}" if "req_per_cpu_s" in r else "-",
+        )
+    Console(width=160).print(table)
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="uvicorn,ray", help="comma list of uvicorn, ray")
+    parser.add_argument("--strategies", default="refold,base", help="comma list of strategies")
+    parser.add_argument("--steps", type=int, default=64, help="tool steps in the session")
+    parser.add_argument("--kb", type=int, default=128, help="history size at the last step")
+    parser.add_argument("--repeats", type=int, default=3, help="latency sessions per strategy")
+    parser.add_argument("--bucket", type=int, default=8, help="steps in the small/full buckets")
+    parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions (0: skip)")
+    parser.add_argument("--store-url", help="gateway store (default: a fresh SQLite file)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = sorted(set(modes) - set(AIM_MS))
+    if bad:
+        parser.error(f"unknown mode(s) {', '.join(bad)}; choose from uvicorn, ray")
+    if args.steps < 2 or not 1 <= args.bucket <= args.steps:
+        parser.error("need --steps >= 2 and 1 <= --bucket <= --steps")
+    strategies = [s for s in args.strategies.split(",") if s]
+    messages = synthetic_session(args.steps, args.kb)
+    bodies = request_bodies(messages, args.steps)
+    meta = {
+        "steps": args.steps,
+        "small_kb": len(bodies[args.bucket - 1]) / 1024,
+        "full_kb": len(bodies[-1]) / 1024,
+        "repeats": args.repeats,
+        "sessions": args.sessions,
+        "cores": os.cpu_count(),
+    }
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="foldgate-overhead-") as tmp:
+        for mode in modes:
+            rows += await run_mode(mode, strategies, bodies, args, Path(tmp))
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    else:
+        print_table(rows, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
