@@ -3,8 +3,11 @@ the prefix property between boundary moves, and cache/no-cache equality."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -14,7 +17,7 @@ from gateway.fold.protocol import reminder_text
 from gateway.fold.refold import ReFold, chunk_boundary
 from gateway.fold.renderer import RenderState, step_indices
 from gateway.fold.restore import restore_outputs
-from gateway.fold.spans import split_spans
+from gateway.fold.spans import MIN_RUN_LINES, split_spans
 from gateway.transcript import Message, ToolCall, Transcript, text_message, tool_message
 from tests.fold.conftest import Turn, numbered, protocol, source_lines, text_history, tool_history
 
@@ -29,6 +32,14 @@ _STUB = re.compile(
     r"— restore \1 to see it again\]"
 )
 _LINES = re.compile(r"(?:.* )?lines (\d+)-(\d+)\)?$")
+_RUN = re.compile(
+    r"\[lines (?P<lo>\d+)-(?P<hi>\d+) of this output: same as step (?P<step>\d+) "
+    r"lines (?P<from>\d+)-(?P<to>\d+)(?: \((?P<path>\S+) lines (?P<first>\d+)-\d+\))?"
+    r"(?:; (?P<signatures>\d+) top-level definitions kept below)? — restore (?P<restore>\d+) "
+    r"to see them\]"
+)
+# a file line without its view's line number (tab, arrow, window styles) or as is
+_CODE = re.compile(r"(?:\s*\d+[\t→:|])?()(.*)", re.DOTALL)
 _NOTE = re.compile(r"steps? (\d+)(?:-(\d+))? folded: .* — restore (\S+) to see (?:it|them) again")
 _POINTER = re.compile(r"folded, see the note at step (\d+)")
 _REMINDER = re.compile(r"\n\n\[(?:reminder|IMPORTANT)")
@@ -44,8 +55,8 @@ class Case:
 
 def block(rng: random.Random) -> tuple[str, str]:
     """(output text, the command that produced it), drawn from a small pool so that
-    whole outputs, file ranges and search hits repeat often."""
-    kind = rng.choice(["view", "view", "window", "grep", "log", "short"])
+    whole outputs, file ranges, search hits and overlapping line windows repeat often."""
+    kind = rng.choice(["view", "view", "window", "grep", "log", "short", "slice", "slice"])
     path = rng.choice(sorted(FILES))
     first = rng.choice([1, 5, 11, 21])
     body = FILES[path][first - 1 : first - 1 + rng.choice([4, 10, 35])]
@@ -59,7 +70,31 @@ def block(rng: random.Random) -> tuple[str, str]:
         return "\n".join(hits), f"grep -n compute {path}"
     if kind == "log":
         return rng.choice(LOGS), "make"
+    if kind == "slice":
+        return unnumbered_view(rng, path)
     return rng.choice(["ok", "", "done\n", "error: x"]), "true"
+
+
+def unnumbered_view(rng: random.Random, path: str) -> tuple[str, str]:
+    """Overlapping windows of a file without line numbers, as agents view them: ``sed -n``,
+    ``head``, ``cat`` (mini-swe-agent's wrapper or bare), or ``grep -A`` context."""
+    lines = FILES[path]
+    first = rng.randint(1, 60)
+    last = min(len(lines), first + rng.choice([6, 12, 25, 45]))
+    command = rng.choice(["sed", "sed", "head", "cat", "grep"])
+    if command == "sed":
+        call = f"sed -n '{first},{last}p' {path}"
+    elif command == "head":
+        first, call = 1, f"head -n {last} {path}"
+    elif command == "cat":
+        first, last, call = 1, len(lines), f"cat {path}"
+    else:
+        call = f'grep -A {last - first} "value_{first - 1} " {path}'
+    text = "\n".join(lines[first - 1 : last])
+    if rng.random() < 0.5:
+        code = rng.choice([0, 0, 0, 1])
+        text = f"<returncode>{code}</returncode>\n<output>\n{text}\n</output>"
+    return text, call
 
 
 def reply(rng: random.Random) -> str:
@@ -76,11 +111,19 @@ def cases(draw: st.DrawFn) -> Case:
     hypothesis made generation 20x slower than the rendering under test)."""
     tool_mode = draw(st.booleans())
     rng = random.Random(draw(st.integers(0, 2**32)))
+    return build_case(rng, tool_mode, draw(st.integers(1, 4)), draw(st.booleans()))
+
+
+def build_case(rng: random.Random, tool_mode: bool, k: int, fold: bool) -> Case:
     turns = []
     for _ in range(rng.randint(0, 18)):
         outs, commands = [], []
         for _ in range(rng.choice([1, 1, 2, 3]) if tool_mode else 1):
             produced = [block(rng) for _ in range(rng.choice([1, 1, 2]))]
+            # a command that shows one file shows it alone: numbered lines after its
+            # header, or in its output, are taken for that file's lines
+            if re.fullmatch(r"(cat|cat -n|open) \S+", produced[0][1]):
+                produced = produced[:1]
             outs.append("\n".join(text for text, _ in produced))
             commands.append(produced[0][1])
         turns.append(Turn(reply(rng), tuple(outs), tuple(commands)))
@@ -105,7 +148,7 @@ def cases(draw: st.DrawFn) -> Case:
         history = Transcript(tuple(messages))
         restored.add(at + 1)
     pinned = frozenset(rng.sample(range(12), rng.choice([0, 0, 1, 2])))
-    renderer = ReFold(k=draw(st.integers(1, 4)), dedup=rng.random() < 0.8, fold=draw(st.booleans()))
+    renderer = ReFold(k=k, dedup=rng.random() < 0.8, fold=fold)
     return Case(history, RenderState(frozenset(restored), pinned), renderer, tool_mode)
 
 
@@ -127,43 +170,69 @@ def numbered_pairs(text: str) -> set[tuple[int, str]]:
 
 
 def check_stubs(case: Case, step: int, original: str, body: str, shown: dict[int, str]) -> int:
-    """Walk ``body`` against ``original``: every stub must stand for a span whose content the
-    named step (restored from the history) holds. Returns the number of stubs."""
+    """Walk ``body`` against ``original`` line by line: every line is either the original
+    line or a stub. Each stub must stand for original content that the step it names holds
+    (restored from the history); a line-run stub's copy must also be visible, contiguous,
+    in that step's rendering. Returns the number of stubs."""
 
     def source(named: int) -> str:
         assert named <= step, f"step {step} stub names a later step {named}"
         assert "folded" not in shown[named].split("\n")[1], "stub names a folded step"
-        text = restore_outputs(case.history, case.state, named, named)[0][1]
-        return text
+        return restore_outputs(case.history, case.state, named, named)[0][1]
 
-    whole = _STUB.fullmatch(body)
+    lines, out = original.split("\n"), body.split("\n")
+    whole = _STUB.fullmatch(out[0])
     if whole and whole.group(2).startswith("this entire output"):
         assert original in source(int(whole.group(1)))
+        assert len(out) == 1 + int(whole.group(3) or 0)
+        assert all(line in lines for line in out[1:]) and len(body) < len(original)
         return 1
-    stubs, ro, rr = 0, 0, 0
-    for span in split_spans(original)[1:]:
-        kept = original[ro : span.start]
-        head = _STUB.match(body, rr + len(kept))
-        if head is None:
-            continue  # the span was kept: it is part of the text checked next
-        assert body[rr : rr + len(kept)] == kept
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    spans = {starts.index(s.start): s for s in split_spans(original)[1:]}
+    stubs, i, j = 0, 0, 0
+    while j < len(out):
+        run, span_stub = _RUN.fullmatch(out[j]), _STUB.fullmatch(out[j])
+        if not run and not span_stub:
+            assert out[j] == lines[i], f"step {step}: line {i} changed"
+            i, j = i + 1, j + 1
+            continue
         stubs += 1
-        named, region = int(head.group(1)), original[span.start : span.end]
-        text = source(named) if named < step else original[: span.start]
-        signatures = int(head.group(3) or 0)
-        end = head.end()
-        for _ in range(signatures):
-            line_end = body.find("\n", end + 1)
-            line_end = len(body) if line_end < 0 else line_end
-            assert body[end + 1 : line_end] in region.split("\n")
-            end = line_end
-        if span.kind == "file" and (lines := _LINES.match(head.group(2))):
-            assert (int(lines.group(1)), int(lines.group(2))) == (span.first_line, span.last_line)
-        assert region in text or (
-            span.kind == "file" and numbered_pairs(region) <= numbered_pairs(text)
-        ), f"step {step}: stub naming step {named} stands for content that step does not hold"
-        rr, ro = end, span.end
-    assert body[rr:] == original[ro:]
+        if run:
+            lo, hi = int(run["lo"]) - 1, int(run["hi"])
+            assert lo == i and int(run["restore"]) == step and hi - lo >= MIN_RUN_LINES
+            named, region = int(run["step"]), lines[lo:hi]
+            assert named < step, "a line run names an earlier step"
+            copy = source(named).split("\n")[int(run["from"]) - 1 : int(run["to"])]
+            assert copy == region, f"step {step}: run stub names other lines of step {named}"
+            assert "\n".join(region) in shown[named], "the named step does not show the run"
+            if run["path"]:
+                file_lines = FILES[run["path"].removeprefix("/repo/")]
+                first = int(run["first"])
+                assert (
+                    [_CODE.fullmatch(line)[2] for line in region]
+                    == (  # type: ignore[index]
+                        file_lines[first - 1 : first - 1 + len(region)]
+                    )
+                ), f"run stub names the wrong file lines: {out[j]} {region[:2]}"
+            signatures = int(run["signatures"] or 0)
+        else:
+            span = spans[i]
+            named = int(span_stub[1])  # type: ignore[index]
+            hi = bisect.bisect_right(starts, span.end)
+            region_text = original[span.start : span.end]
+            text = source(named) if named < step else original[: span.start]
+            if span.kind == "file" and (numbers := _LINES.match(span_stub[2])):  # type: ignore[index]
+                assert (int(numbers[1]), int(numbers[2])) == (span.first_line, span.last_line)
+            assert region_text in text or (
+                span.kind == "file" and numbered_pairs(region_text) <= numbered_pairs(text)
+            ), f"step {step}: stub naming step {named} stands for content that step lacks"
+            region = lines[i:hi]
+            signatures = int(span_stub[3] or 0)  # type: ignore[index]
+        kept = out[j + 1 : j + 1 + signatures]
+        assert all(line in region for line in kept)
+        assert len("\n".join(out[j : j + 1 + signatures])) < len("\n".join(region))
+        i, j = hi, j + 1 + signatures
+    assert i == len(lines), f"step {step}: original lines missing from the rendering"
     return stubs
 
 
@@ -235,6 +304,23 @@ def test_prefix_property_and_cache_equality_as_the_history_grows(case: Case) -> 
         if previous is not None and boundary == previous_boundary:
             assert warm.transcript.messages[: len(previous)] == previous
         previous, previous_boundary = warm.transcript.messages, boundary
+
+
+def test_generated_histories_exercise_every_kind_of_stub() -> None:
+    """The generator above must keep producing what the properties are about."""
+    seen: Counter[str] = Counter()
+    rng = random.Random(7)
+    for _ in range(150):
+        case = build_case(rng, rng.random() < 0.5, rng.randint(1, 4), rng.random() < 0.5)
+        for line in case.renderer.render(case.history, case.state).transcript.messages:
+            for text in line.text.split("\n"):
+                if run := _RUN.fullmatch(text):
+                    seen["run with path" if run["path"] else "run"] += 1
+                elif stub := _STUB.fullmatch(text):
+                    seen["whole" if "entire" in stub[2] else "span"] += 1
+                elif _NOTE.search(text):
+                    seen["fold"] += 1
+    assert min(seen[kind] for kind in ("run with path", "run", "whole", "span", "fold")) >= 5, seen
 
 
 def test_reminder_suffix_pattern_matches_every_level() -> None:

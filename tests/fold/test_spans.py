@@ -120,14 +120,16 @@ def test_a_range_inside_an_earlier_range_of_the_same_file_is_stubbed_across_form
     assert text.endswith("[duplicate of step 0: src/app.py lines 5-14 — restore 0 to see it again]")
 
 
-def test_a_changed_line_or_another_file_is_not_a_duplicate() -> None:
+def test_a_changed_line_or_another_file_is_not_a_file_range_duplicate() -> None:
     index = DedupIndex()
     dedup_output(numbered(1, LINES[:30]), 0, index, "src/app.py")
-    edited = LINES[4:14]
+    edited = LINES[4:24]
     edited[3] = "    value = 'edited'"
-    assert dedup_output(numbered(5, edited), 1, index, "src/app.py")[1] == 0
-    assert dedup_output(numbered(5, LINES[4:14]), 2, index, "src/other.py")[1] == 0
-    # the same lines at other line numbers are another part of the file
+    text, _ = dedup_output(numbered(5, edited), 1, index, "src/app.py")
+    assert "[duplicate of" not in text and "value = 'edited'" in text
+    text, _ = dedup_output(numbered(5, LINES[4:14]), 2, index, "src/other.py")
+    assert "[duplicate of" not in text
+    # the same lines at other line numbers are another part of the file, and other bytes
     assert dedup_output(numbered(6, LINES[4:14]), 3, index, "src/app.py")[1] == 0
 
 
