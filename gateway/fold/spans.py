@@ -323,11 +323,13 @@ def dedup_output(
     for lo, hi, stub in runs:
         stubs[lo] = (hi, stub)
         blocked[lo:hi] = b"\2" * (hi - lo)
-    # 3. Index what stays shown: spans no run cut into, the output, its visible lines.
+    # 3. Index what stays shown: spans no run cut into, the output if nothing was stubbed,
+    # and its visible lines.
     for span, lo, hi in kept:
         if b"\2" not in blocked[lo:hi]:
             _remember_span(index, step, text, span)
-    index.exact.setdefault(whole_digest, (step, text, 0, len(text)))
+    if not stubs:
+        index.exact.setdefault(whole_digest, (step, text, 0, len(text)))
     _remember_lines(index, step, lines, blocked, _places(lines, starts, spans, view))
     if not stubs:
         return text, 0

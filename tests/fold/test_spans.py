@@ -7,12 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.fold.spans import (
+    MIN_RUN_CHARS,
+    MIN_RUN_LINES,
     MIN_SPAN_CHARS,
     DedupIndex,
+    FileView,
     dedup_output,
     path_from_call,
     path_from_command,
     split_spans,
+    view_from_call,
+    view_from_command,
 )
 from tests.fold.conftest import numbered, source_lines
 
@@ -172,3 +177,150 @@ def test_a_stub_is_always_shorter_than_what_it_replaces(
         out = "run\n" + pool[b]
         text, _ = dedup_output(out, step, index, f"f{b}.py")
         assert len(text) <= len(out)
+
+
+CODE = source_lines(80, "mod")  # ~55 characters a line: 6 lines pass MIN_RUN_CHARS
+
+
+def window(first: int, last: int) -> str:
+    """File lines first..last (1-based) without numbers, as `sed -n 'first,lastp'` prints."""
+    return "\n".join(CODE[first - 1 : last])
+
+
+def minisweagent(text: str, code: int = 0) -> str:
+    return f"<returncode>{code}</returncode>\n<output>\n{text}\n</output>"
+
+
+@pytest.mark.parametrize(
+    ("command", "view"),
+    [
+        ("sed -n '252,350p' /testbed/x.py", FileView("/testbed/x.py", 252, 99)),
+        ("cd /testbed && sed -n 5,9p ./x.py", FileView("x.py", 5, 5)),
+        ("head -n 50 a.py", FileView("a.py", 1, 50)),
+        ("head -20 a.py", FileView("a.py", 1, 20)),
+        ("THOUGHT: look\n```bash\ncat src/a.py\n```", FileView("src/a.py", 1, None)),
+        ("cat -n a.py", None),
+        ("cat a.py | grep x", None),
+        ("ls; cat a.py", None),
+        ("cat a.py b.py", None),
+        ("head -n -5 a.py", None),
+        ("sed -n '9,5p' a.py", None),
+        ("grep -A 50 'def f' a.py", None),
+    ],
+)
+def test_unnumbered_views_a_command_prints(command: str, view: FileView | None) -> None:
+    assert view_from_command(command) == view
+
+
+def test_view_of_a_call_reads_the_shell_command() -> None:
+    args = json.dumps({"command": "sed -n '10,20p' src/app.py"})
+    assert view_from_call("bash", args) == FileView("src/app.py", 10, 11)
+    assert view_from_call("Read", json.dumps({"file_path": "/p/x.py", "offset": 5})) is None
+
+
+def test_overlapping_windows_stub_the_lines_shown_before_with_their_file_lines() -> None:
+    index = DedupIndex()
+    first = minisweagent(window(1, 40))
+    assert dedup_output(first, 3, index, None, FileView("src/mod.py", 1, 40)) == (first, 0)
+    text, count = dedup_output(minisweagent(window(21, 60)), 7, index)
+    assert count == 1
+    assert text == minisweagent(
+        "[lines 3-22 of this output: same as step 3 lines 23-42 (src/mod.py lines 21-40) "
+        "— restore 7 to see them]\n" + window(41, 60)
+    )
+
+
+def test_without_a_known_view_the_stub_names_the_output_lines() -> None:
+    index = DedupIndex()
+    dedup_output("$ grep -A 30 'def mod_function_10'\n" + window(11, 41), 0, index)
+    text, count = dedup_output("header\n" + window(15, 24) + "\nfooter", 1, index)
+    assert count == 1
+    assert text == (
+        "header\n[lines 2-11 of this output: same as step 0 lines 6-15 — restore 1 to see them]"
+        "\nfooter"
+    )
+
+
+def test_a_failed_command_is_not_taken_for_the_file() -> None:
+    index = DedupIndex()
+    dedup_output(minisweagent(window(1, 20), code=1), 0, index, None, FileView("a.py", 1, 20))
+    text, _ = dedup_output(window(5, 15), 1, index)
+    assert text.startswith("[lines 1-11 of this output: same as step 0 lines 7-17 —")
+
+
+def test_runs_below_the_thresholds_stay() -> None:
+    index = DedupIndex()
+    dedup_output(window(1, 40), 0, index)
+    five = window(3, 7)
+    assert dedup_output("new\n" + five + "\nend", 1, index)[1] == 0
+    short = "\n".join(f"line {i}" for i in range(12))  # 12 lines, under MIN_RUN_CHARS
+    dedup_output(short, 2, index)
+    assert len(short) < MIN_RUN_CHARS and MIN_RUN_LINES <= 12
+    assert dedup_output("x\n" + short, 3, index)[1] == 0
+
+
+def test_a_run_never_spans_a_stub_of_its_source() -> None:
+    index = DedupIndex()
+    dedup_output(window(1, 20), 0, index)
+    # step 1 shows lines 21-40 but stubs 11-20 (shown by step 0)
+    text, count = dedup_output(window(11, 40), 1, index)
+    assert count == 1 and text.startswith("[lines 1-10 of this output: same as step 0 lines 11-20")
+    # 15-40 again: 15-20 come from step 0, 21-40 from step 1; no run crosses the stub
+    text, count = dedup_output(window(15, 40), 2, index)
+    assert count == 2
+    assert text.split("\n") == [
+        "[lines 1-6 of this output: same as step 0 lines 15-20 — restore 2 to see them]",
+        "[lines 7-26 of this output: same as step 1 lines 11-30 — restore 2 to see them]",
+    ]
+
+
+def test_a_span_a_run_cut_into_is_not_named_as_shown_later() -> None:
+    index = DedupIndex()
+    dedup_output(numbered(1, CODE[:20]), 0, index, "src/mod.py")
+    dedup_output(numbered(10, CODE[9:40]), 1, index, "src/mod.py")  # 10-20 become a run stub
+    text, _ = dedup_output("again\n" + numbered(10, CODE[9:40]), 2, index, "src/mod.py")
+    assert "[duplicate of step 1" not in text
+    assert text.split("\n")[1:] == [
+        "[lines 2-12 of this output: same as step 0 lines 10-20 (src/mod.py lines 10-20) "
+        "— restore 2 to see them]",
+        "[lines 13-32 of this output: same as step 1 lines 12-31 (src/mod.py lines 21-40) "
+        "— restore 2 to see them]",
+    ]
+
+
+def test_long_runs_keep_top_level_signatures() -> None:
+    index = DedupIndex()
+    dedup_output(window(1, 80), 0, index)
+    text, count = dedup_output("rerun\n" + window(1, 45), 1, index)
+    lines = text.split("\n")
+    assert count == 1
+    assert lines[1] == (
+        "[lines 2-46 of this output: same as step 0 lines 1-45; 5 top-level definitions kept "
+        "below — restore 1 to see them]"
+    )
+    assert lines[2:] == [line for line in CODE[:45] if line.startswith("def ")]
+
+
+def test_spans_a_same_output_stub_points_at_stay_whole() -> None:
+    hits = [f"src/mod.py:{i + 1}:{code}" for i, code in enumerate(CODE[:9])]
+    index = DedupIndex()
+    dedup_output("\n".join(hits), 0, index)  # shows the lines of the 8-hit group below
+    group = "\n".join(hits[:8])
+    text, count = dedup_output(group + "\n--\n" + group, 1, index)
+    # the first group is a run of step 0, but the second group's stub points at it
+    assert (text, count) == (
+        group + "\n--\n[duplicate of step 1: search results in src/mod.py (8 lines) "
+        "— restore 1 to see it again]",
+        1,
+    )
+    text, count = dedup_output("x\n" + group, 2, index)
+    assert count == 1 and text.startswith("x\n[duplicate of step 1: search results")
+
+
+def test_an_output_shown_with_stubs_is_not_named_as_a_whole_later() -> None:
+    index = DedupIndex()
+    dedup_output(window(1, 20), 0, index)
+    partly = window(11, 40)
+    dedup_output(partly, 1, index)  # 11-20 stubbed: step 1 does not show all of it
+    text, count = dedup_output(partly, 2, index)
+    assert count == 2 and "entire output" not in text
