@@ -199,7 +199,7 @@ async def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"{url} exited during start; see {log}")
+                raise RuntimeError(f"{url} exited during start:\n{log_tail(log)}")
             try:
                 async with http.get(url) as resp:
                     if resp.status == 200:
@@ -207,7 +207,12 @@ async def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.25)
-    raise RuntimeError(f"{url} not ready after {START_TIMEOUT_S:.0f} s; see {log}")
+    raise RuntimeError(f"{url} not ready after {START_TIMEOUT_S:.0f} s:\n{log_tail(log)}")
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The end of a child's log (the temp folder holding it is gone once the run fails)."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[str]:
@@ -219,10 +224,12 @@ def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[st
 def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
     if mode != "ray":
         return {}
-    ray_tmp = tempfile.mkdtemp(prefix="ray", dir=tmp)
+    # Short: Ray's unix socket paths below this folder must stay under 108 bytes.
+    ray_tmp = tmp / "r"
+    ray_tmp.mkdir(exist_ok=True)
     return {
         **fast_path_env(move_ports=True),
-        "RAY_TMPDIR": ray_tmp,
+        "RAY_TMPDIR": str(ray_tmp),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
     }
 
@@ -408,7 +415,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "cores": os.cpu_count(),
     }
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="foldgate-overhead-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
         for mode in modes:
             rows += await run_mode(mode, strategies, bodies, args, Path(tmp))
     if args.json:
