@@ -8,7 +8,15 @@ from gateway.fold.protocol import FOLD_INSTRUCTION, reminder_text
 from gateway.fold.refold import ReFold, ReFoldCache, chunk_boundary
 from gateway.fold.renderer import RenderState, step_indices
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
-from tests.fold.conftest import numbered, protocol, source_lines, text_history, tool_history, turn
+from tests.fold.conftest import (
+    Turn,
+    numbered,
+    protocol,
+    source_lines,
+    text_history,
+    tool_history,
+    turn,
+)
 
 BIG = "\n".join(f"PASSED tests/test_mod.py::test_case_{i}" for i in range(20))
 OK = protocol("ok")
@@ -91,6 +99,28 @@ def test_file_range_stub_uses_the_path_of_the_call() -> None:
     texts = outputs(ReFold().render(history).transcript, history)
     assert texts[2] == (
         "[step 2]\ntests:\n[duplicate of step 0: src/app.py lines 1-12 — restore 0 to see it again]"
+    )
+
+
+@pytest.mark.parametrize("build", [tool_history, text_history])
+def test_overlapping_file_windows_are_stubbed_below_the_boundary(build) -> None:
+    code = source_lines(80)
+
+    def sed(first: int, last: int) -> Turn:
+        view = "\n".join(code[first - 1 : last])
+        return turn(OK, view, commands=[f"sed -n '{first},{last}p' src/app.py"])
+
+    turns = [sed(1, 40), sed(21, 60), *plain_turns(3)]
+    history = build(turns)  # t=5: nothing compressed yet
+    assert outputs(ReFold().render(history).transcript, history)[1] == (
+        "[step 1]\n" + "\n".join(code[20:60])
+    )
+    history = build([*turns, *plain_turns(1)])  # t=6: B=3
+    texts = outputs(ReFold().render(history).transcript, history)
+    assert texts[0] == "[step 0]\n" + "\n".join(code[:40])
+    assert texts[1] == (
+        "[step 1]\n[lines 1-20 of this output: same as step 0 lines 21-40 (src/app.py lines "
+        "21-40) — restore 1 to see them]\n" + "\n".join(code[40:60])
     )
 
 
