@@ -484,8 +484,9 @@ def _run_stub(
 
 def _code(line: str) -> str:
     """A line without its file-view line number, if it has one."""
-    m = _TAB_LINE.fullmatch(line) or _ARROW_LINE.fullmatch(line)
-    return m.group(2) if m else line
+    if m := _TAB_LINE.fullmatch(line) or _ARROW_LINE.fullmatch(line):
+        return m.group(2)
+    return m.group(3) if (m := _WINDOW_LINE.fullmatch(line)) else line
 
 
 def _remember_lines(

@@ -324,3 +324,13 @@ def test_an_output_shown_with_stubs_is_not_named_as_a_whole_later() -> None:
     dedup_output(partly, 1, index)  # 11-20 stubbed: step 1 does not show all of it
     text, count = dedup_output(partly, 2, index)
     assert count == 2 and "entire output" not in text
+
+
+@pytest.mark.parametrize("style", ["tab", "arrow", "colon", "pipe"])
+def test_long_runs_of_numbered_lines_keep_signatures_with_their_numbers(style: str) -> None:
+    index = DedupIndex()
+    view = numbered(1, CODE[:40], style)
+    dedup_output("[File: m.py (80 lines total)]\n" + view, 0, index)
+    text, count = dedup_output("again\n" + view, 1, index)
+    signatures = [line for line in view.split("\n") if "def mod_function" in line]
+    assert count == 1 and text.split("\n")[2:] == signatures and len(signatures) == 4
