@@ -330,6 +330,9 @@ def dedup_output(
         for _, lo, hi in kept:
             blocked[lo:hi] = b"\1" * (hi - lo)
     runs = _find_runs(lines, blocked, index, step)
+    if self_stub:  # shown after all: their lines go into the index below
+        for _, lo, hi in kept:
+            blocked[lo:hi] = bytes(hi - lo)
     for lo, hi, stub in runs:
         stubs[lo] = (hi, stub)
         blocked[lo:hi] = b"\2" * (hi - lo)
