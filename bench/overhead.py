@@ -16,8 +16,13 @@ Throughput: ``--sessions`` concurrent sessions each run all steps through the ga
 req/s per core divides the requests by the CPU seconds (user+system, from /proc) that the
 gateway's process tree spent (for Ray: driver, GCS, raylet, controller, replica, HAProxy).
 
+Stages (``--stages``): where the gateway's CPU time goes per request, in this process, at the
+small and full history sizes: the pipeline's own steps called one by one on an SQLite store
+(median of ``--bucket`` steps, milliseconds). HTTP framing, the event loop and garbage
+collection are not in it; the latency columns include them.
+
     .venv/bin/python bench/overhead.py [--modes uvicorn,ray] [--strategies refold,base]
-        [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--json]
+        [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--stages] [--json]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -46,7 +52,14 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deploy.cpu.replicas import free_ports
+from gateway.config import GatewayConfig
+from gateway.endpoints import OPENAI
+from gateway.fold.renderer import estimate_tokens
+from gateway.pipeline import Pipeline
 from gateway.serve_ray import fast_path_env
+from gateway.upstream import UpstreamClient
+from router import ReplicaPool, make_policy
+from store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDGATE = Path(sys.executable).parent / "foldgate"
@@ -352,6 +365,83 @@ async def run_mode(
     return rows
 
 
+async def stage_times(
+    bodies: list[bytes], strategy: str, bucket: int, tmp: Path
+) -> dict[str, dict[str, float]]:
+    """Per-step CPU time of each pipeline step, median over the small and full buckets."""
+    config = GatewayConfig(store_url=f"sqlite:///{tmp}/stages-{strategy}.db", strategy=strategy)
+    store = open_store(config.store_url)
+    policy = make_policy("sticky", assignments=store)
+    # The pool and the upstream client are never used: nothing here leaves the process.
+    pool = ReplicaPool(("http://127.0.0.1:9",))
+    pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
+    session = f"stages-{uuid.uuid4()}"
+    headers = {config.session_header: session}
+    times: dict[str, list[float]] = {}
+
+    def lap(name: str, started: float) -> float:
+        now = time.perf_counter()
+        times.setdefault(name, []).append(now - started)
+        return now
+
+    try:
+        for raw in bodies:
+            t = time.perf_counter()
+            body = orjson.loads(raw)
+            t = lap("parse body", t)
+            transcript = OPENAI.decode(body)
+            t = lap("decode (dialect)", t)
+            stored = await store.ingest(
+                "default", session, [m.to_dict() for m in transcript.messages]
+            )
+            t = lap("ingest (store)", t)
+            await store.load("default", session, stored.branch_id, messages=False)
+            t = lap("load gateway turns", t)
+            sum(estimate_tokens(m) for m in transcript.messages)
+            t = lap("raw token estimate", t)
+            prepared = await pipeline.prepare(transcript, body, headers)
+            t = time.perf_counter()
+            await store.get_assignment("default", session)
+            t = lap("sticky lookup", t)
+            rendered, _ = pipeline.render(prepared)
+            t = lap("render + token estimate", t)
+            orjson.dumps(pipeline.upstream_body(prepared, rendered))
+            t = lap("encode upstream body", t)
+            version, _ = await store.get_state("default", session, stored.branch_id)
+            await store.put_state("default", session, stored.branch_id, version, b"{}")
+            lap("account (state r/w)", t)
+    finally:
+        await store.close()
+    ms = 1000.0
+    return {
+        name: {"small": median(v[:bucket]) * ms, "full": median(v[-bucket:]) * ms}
+        for name, v in times.items()
+    }
+
+
+def median(samples: list[float]) -> float:
+    return pct(samples, 0.5)
+
+
+def print_stages(stages: dict[str, dict[str, dict[str, float]]]) -> None:
+    table = Table(title="gateway time per request by step (in process, wall ms, median)")
+    table.add_column("step")
+    for strategy in stages:
+        table.add_column(f"{strategy} small", justify="right")
+        table.add_column(f"{strategy} full", justify="right")
+    names = next(iter(stages.values()))
+    for name in [*names, "total"]:
+        cells = []
+        for per_step in stages.values():
+            for size in ("small", "full"):
+                if name == "total":
+                    cells.append(f"{sum(v[size] for v in per_step.values()):.3f}")
+                else:
+                    cells.append(f"{per_step[name][size]:.3f}")
+        table.add_row(name, *cells)
+    Console(width=160).print(table)
+
+
 def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     table = Table(
         title=(
@@ -394,6 +484,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="latency sessions per strategy")
     parser.add_argument("--bucket", type=int, default=8, help="steps in the small/full buckets")
     parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions (0: skip)")
+    parser.add_argument("--stages", action="store_true", help="also time each pipeline step")
     parser.add_argument("--store-url", help="gateway store (default: a fresh SQLite file)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
@@ -415,13 +506,20 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "cores": os.cpu_count(),
     }
     rows: list[dict[str, Any]] = []
+    stages: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
         for mode in modes:
             rows += await run_mode(mode, strategies, bodies, args, Path(tmp))
+        if args.stages:
+            for strategy in strategies:
+                stages[strategy] = await stage_times(bodies, strategy, args.bucket, Path(tmp))
     if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    else:
+        print(json.dumps({"meta": meta, "rows": rows, "stages": stages}, indent=2))
+        return 0
+    if rows:
         print_table(rows, meta)
+    if stages:
+        print_stages(stages)
     return 0
 
 
