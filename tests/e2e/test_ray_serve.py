@@ -43,6 +43,18 @@ BASH = {
         },
     },
 }
+LIST_FILES = {
+    "type": "function",
+    "function": {
+        "name": "list_files",
+        "description": "List the files of the working directory.",
+        "parameters": {
+            "type": "object",
+            "properties": {"hidden": {"type": "boolean"}},
+            "required": ["hidden"],
+        },
+    },
+}
 
 
 def test_serve_yaml_is_a_valid_config_whose_args_build_the_app() -> None:
@@ -214,12 +226,13 @@ def test_sdks_run_a_tool_session_through_serve_to_vllm(
         {"role": "system", "content": f"{uuid.uuid4()} You are a coding agent."},
         {"role": "user", "content": "Fix the bug in a.py."},
     ]
+    # A named tool with one boolean argument: vLLM's guided decoding makes even the tiny
+    # model answer with a short, well-formed call (ReFold's restore tool is offered too).
     request = {
         "model": SERVED_NAME,
-        "tools": [BASH],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "max_tokens": 48,
+        "tools": [LIST_FILES],
+        "tool_choice": {"type": "function", "function": {"name": "list_files"}},
+        "max_tokens": 64,
         "seed": 7,
     }
     for step, stream in enumerate([False, True, False]):
@@ -228,14 +241,13 @@ def test_sdks_run_a_tool_session_through_serve_to_vllm(
             tool_calls = streamed_tool_calls(chunks)
         else:
             out = client.chat.completions.create(messages=messages, **request)
-            assert out.choices[0].finish_reason == "tool_calls"
             tool_calls = [
                 c.model_dump(include={"id", "type", "function"})
                 for c in out.choices[0].message.tool_calls
             ]
-        assert [c["function"]["name"] for c in tool_calls] == ["bash"]
-        assert all(c["id"] for c in tool_calls)
-        json.loads(tool_calls[0]["function"]["arguments"])
+        assert [c["function"]["name"] for c in tool_calls] == ["list_files"]
+        assert tool_calls[0]["id"]
+        assert isinstance(json.loads(tool_calls[0]["function"]["arguments"])["hidden"], bool)
         messages.append(reply_message(tool_calls, None))
         messages.extend(run_tool(c, step) for c in tool_calls)
 
