@@ -79,17 +79,17 @@ def decode_request(body: Any) -> Transcript:
         decoded.append(_decode_system(body["system"]))
     issued: set[str] = set()
     for i, raw in enumerate(messages):
-        decoded.extend(_decode_message(raw, f"messages[{i}]", issued))
+        decoded.extend(_decode_message(raw, f"messages[{i}]", issued, system_turn=i > 0))
     return Transcript(messages=tuple(decoded), tools=tools, params=params)
 
 
-def _decode_system(raw: Any) -> Message:
+def _decode_system(raw: Any, where: str = "system") -> Message:
     if isinstance(raw, str):
         return Message(role="system", parts=(Text(raw),))
-    blocks = expect_list(raw, "system")
+    blocks = expect_list(raw, where)
     parts: list[Part] = []
     for j, block in enumerate(blocks):
-        path = f"system[{j}]"
+        path = f"{where}[{j}]"
         if expect_object(block, path).get("type") != "text":
             raise DialectError("system blocks must be text blocks", param=f"{path}.type")
         parts.append(_decode_block(block, path, "user", set()))
@@ -97,9 +97,15 @@ def _decode_system(raw: Any) -> Message:
     return Message(role="system", parts=tuple(parts), meta=meta)
 
 
-def _decode_message(raw: Any, path: str, issued: set[str]) -> list[Message]:
+def _decode_message(
+    raw: Any, path: str, issued: set[str], system_turn: bool = False
+) -> list[Message]:
     msg = expect_object(raw, path)
     role = expect_str(require(msg, "role", path), f"{path}.role")
+    if role == "system" and system_turn:
+        # Claude Code 2.1 sends a system turn after the first user message; a leading one
+        # is still refused below, with the hint to use the top-level field.
+        return [_decode_system(require(msg, "content", path), f"{path}.content")]
     if role not in ("user", "assistant"):
         hint = "; put the system prompt in the top-level 'system' field" * (role == "system")
         raise DialectError(
