@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from statistics import median, quantiles
 from typing import Any
 
 import aiohttp
@@ -259,9 +260,8 @@ async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict
     return time.perf_counter() - started
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def p99(samples: list[float]) -> float:
+    return quantiles(samples, n=100, method="inclusive")[98]
 
 
 async def added_latency(
@@ -293,11 +293,11 @@ async def added_latency(
                     direct_full.append(direct)
     ms = 1000.0
     return {
-        "added_ms_small_p50": pct(small, 0.5) * ms,
-        "added_ms_small_p99": pct(small, 0.99) * ms,
-        "added_ms_full_p50": pct(full, 0.5) * ms,
-        "added_ms_full_p99": pct(full, 0.99) * ms,
-        "direct_ms_full_p50": pct(direct_full, 0.5) * ms,
+        "added_ms_small_p50": median(small) * ms,
+        "added_ms_small_p99": p99(small) * ms,
+        "added_ms_full_p50": median(full) * ms,
+        "added_ms_full_p99": p99(full) * ms,
+        "direct_ms_full_p50": median(direct_full) * ms,
         "samples_per_bucket": len(small),
     }
 
@@ -353,7 +353,7 @@ async def run_mode(
         await wait_ready(f"{upstream}/health", fake, fake_log)
         await wait_ready(f"{gateway}/health", gateway_proc, gateway_log)
         # Warm-up: first-request costs (imports, connection setup, model discovery).
-        await added_latency(gateway, upstream, bodies[:4], strategies[0], 1, 1)
+        await added_latency(gateway, upstream, bodies[:4], strategies[0], 1, 2)
         for strategy in strategies:
             row = {"mode": mode, "strategy": strategy}
             row |= await added_latency(
@@ -417,10 +417,6 @@ async def stage_times(
         name: {"small": median(v[:bucket]) * ms, "full": median(v[-bucket:]) * ms}
         for name, v in times.items()
     }
-
-
-def median(samples: list[float]) -> float:
-    return pct(samples, 0.5)
 
 
 def print_stages(stages: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -492,8 +488,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     bad = sorted(set(modes) - set(AIM_MS))
     if bad:
         parser.error(f"unknown mode(s) {', '.join(bad)}; choose from uvicorn, ray")
-    if args.steps < 2 or not 1 <= args.bucket <= args.steps:
-        parser.error("need --steps >= 2 and 1 <= --bucket <= --steps")
+    if args.steps < 4 or not 1 <= args.bucket <= args.steps:
+        parser.error("need --steps >= 4 and 1 <= --bucket <= --steps")
+    if args.repeats * args.bucket < 2:
+        parser.error("need --repeats x --bucket >= 2 samples for a percentile")
     strategies = [s for s in args.strategies.split(",") if s]
     messages = synthetic_session(args.steps, args.kb)
     bodies = request_bodies(messages, args.steps)
