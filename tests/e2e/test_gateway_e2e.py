@@ -9,7 +9,9 @@ with ``x-foldgate-strategy: base``.
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +113,10 @@ async def anthropic_step(
     return headers_of(raw), prompt
 
 
-async def run_session(step, client: Any, traj: Trajectory, stream: bool) -> dict[str, Any]:
+StepFn = Callable[[Any, Trajectory, int, bool, str], Awaitable[tuple[dict[str, Any], int]]]
+
+
+async def run_session(step: StepFn, client: Any, traj: Trajectory, stream: bool) -> dict[str, Any]:
     """Replay every step with ReFold, then the last history once more with ``base``."""
     seen = []
     for upto in range(len(traj.steps) + 1):
@@ -137,7 +142,9 @@ async def assert_stored(store_url: str, session: str, expected: list[Message]) -
     assert [m.role for m in stored] == [m.role for m in expected]
     for got, want in zip(stored, expected, strict=True):
         assert got.text == want.text
-        assert [(c.id, c.name) for c in got.tool_calls] == [(c.id, c.name) for c in want.tool_calls]
+        assert [(c.id, c.name, json.loads(c.arguments)) for c in got.tool_calls] == [
+            (c.id, c.name, json.loads(c.arguments)) for c in want.tool_calls
+        ]
         assert got.tool_call_id == want.tool_call_id
 
 
@@ -145,7 +152,7 @@ def expected_history(traj: Trajectory) -> list[Message]:
     """What the store must hold, built from the trajectory (not from the gateway's decoder)."""
     out = [text_message("system", traj.system), text_message("user", traj.task)]
     for s in traj.steps:
-        call = ToolCall(s.call_id, s.tool, "{}")
+        call = ToolCall(s.call_id, s.tool, json.dumps(s.arguments))
         out.append(Message("assistant", (Text(s.thought), call)))
         out.append(tool_message(s.call_id, s.output))
     return out
