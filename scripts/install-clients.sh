@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 CLAUDE_CODE_VERSION="2.1.328"
 PREFIX=".foldgate/clients"
 BIN="$PREFIX/node_modules/.bin/claude"
-if [ -x "$BIN" ] && "$BIN" --version 2>/dev/null | grep -q "^$CLAUDE_CODE_VERSION "; then
+if [ -x "$BIN" ] && [ "$("$BIN" --version 2>/dev/null)" = "$CLAUDE_CODE_VERSION (Claude Code)" ]; then
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then
