@@ -49,6 +49,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             yield
         finally:
+            await state["pipeline"].drain()
             await upstream.close()
             await pool.close()
             await store.close()

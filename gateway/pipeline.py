@@ -83,6 +83,12 @@ class Pipeline:
         self._caches: OrderedDict[tuple[str, str, int, str], Any] = OrderedDict()
         self.upstream_model = config.upstream_model
         self._model_discovered = False
+        self._accounting: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait for accounting still in flight (before the store closes)."""
+        if self._accounting:
+            await asyncio.gather(*self._accounting, return_exceptions=True)
 
     def renderer(self, strategy: str) -> Renderer:
         if strategy not in self._renderers:
@@ -276,7 +282,10 @@ class Pipeline:
             first = False
         for out in decision.tail:
             yield out
-        await self._account(prepared, usage, restores)
+        # Accounting is bookkeeping, not history: the client need not wait for it.
+        task = asyncio.create_task(self._account(prepared, usage, restores))
+        self._accounting.add(task)
+        task.add_done_callback(self._accounting.discard)
 
     async def _answer_restore(self, prepared: Prepared, decision: Decision) -> None:
         """Answer a restore request from the history and record the exchange.

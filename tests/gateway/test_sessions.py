@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.gateway.conftest import store_at
 
 
@@ -32,6 +34,10 @@ async def test_moving_cache_control_does_not_fork_the_history(gateway_with_fake,
         stored = await store.load("default", "cc")
         assert stored.branch_id == 0 and stored.parent is None
         assert len(stored.messages) == 7
+        version, data = await store.get_state("default", "cc", 0)
+        totals = json.loads(data)
+        assert version == 3 and totals["requests"] == 3
+        assert totals["upstream_prompt_tokens"] > 0 and totals["raw_tokens"] > 0
 
 
 async def test_a_diverging_history_is_kept_as_a_new_branch(gateway_with_fake, client, store_url):
