@@ -28,9 +28,9 @@ from gateway.serve_ray import build_app, config_from_args
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from tests.e2e.conftest import SERVED_NAME
 from tests.gateway.conftest import store_at
+from tests.gateway.test_restore_loop import FILE_TEXT, sse_chunks, tool_history
 
 SERVE_YAML = Path(__file__).resolve().parents[2] / "deploy" / "serve.yaml"
-FILE_TEXT = "     1\timport os\n     2\tprint(os.getcwd())\n"
 BASH = {
     "type": "function",
     "function": {
@@ -90,33 +90,6 @@ def test_builder_args_accept_a_comma_separated_replica_list() -> None:
 def test_bad_builder_args_are_named(args: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         build_app(args)
-
-
-def sse_chunks(text: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(line[6:])
-        for line in text.splitlines()
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
-
-
-def tool_history() -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the bug."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "bash", "arguments": '{"cmd": "cat -n a.py"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": FILE_TEXT},
-    ]
 
 
 @pytest.mark.e2e
