@@ -83,9 +83,12 @@ def decode_request(body: Any) -> Transcript:
     return Transcript(messages=tuple(decoded), tools=tools, params=params)
 
 
-def _decode_system(raw: Any, where: str = "system") -> Message:
+def _decode_system(raw: Any, where: str = "system", *, turn: bool = False) -> Message:
+    """The top-level system prompt, or (``turn``) a system turn inside ``messages``."""
     if isinstance(raw, str):
-        return Message(role="system", parts=(Text(raw),))
+        return Message(
+            role="system", parts=(Text(raw),), meta=make_meta(ANTHROPIC, turn=turn or None)
+        )
     blocks = expect_list(raw, where)
     parts: list[Part] = []
     for j, block in enumerate(blocks):
@@ -93,7 +96,7 @@ def _decode_system(raw: Any, where: str = "system") -> Message:
         if expect_object(block, path).get("type") != "text":
             raise DialectError("system blocks must be text blocks", param=f"{path}.type")
         parts.append(_decode_block(block, path, "user", set()))
-    meta = make_meta(ANTHROPIC, content=_form_hint("list", parts))
+    meta = make_meta(ANTHROPIC, content=_form_hint("list", parts), turn=turn or None)
     return Message(role="system", parts=tuple(parts), meta=meta)
 
 
@@ -105,7 +108,7 @@ def _decode_message(
     if role == "system" and system_turn:
         # Claude Code 2.1 sends a system turn after the first user message; a leading one
         # is still refused below, with the hint to use the top-level field.
-        return [_decode_system(require(msg, "content", path), f"{path}.content")]
+        return [_decode_system(require(msg, "content", path), f"{path}.content", turn=True)]
     if role not in ("user", "assistant"):
         hint = "; put the system prompt in the top-level 'system' field" * (role == "system")
         raise DialectError(
@@ -266,15 +269,16 @@ def encode_messages(
     ``source`` is the dialect the messages were decoded from; for another one, parts that
     Anthropic refuses (empty text, unsigned thinking) are left out. Tool results are grouped
     into user messages as they were sent (``group`` hint), else with the user message that
-    follows them; a system message here becomes a user turn.
+    follows them; a system message here stays a system turn if it was one in an Anthropic
+    request (Claude Code sends them), else becomes a user turn.
     """
     out: list[dict[str, Any]] = []
     i = 0
     while i < len(messages):
         m = messages[i]
         if m.role != "tool":
-            role = "user" if m.role == "system" else m.role
             h = hints(m.meta, ANTHROPIC)
+            role = "user" if m.role == "system" and not h.get("turn") else m.role
             content = _encode_content(m.parts, h.get("content"), source)
             out.append({**h.get("message_fields", {}), "role": role, "content": content})
             i += 1

@@ -185,3 +185,16 @@ def test_bad_bodies_name_the_field(body: Any, param: str | None, message: str) -
     with pytest.raises(DialectError, match=message) as info:
         decode_request(body)
     assert info.value.param == param
+
+
+def test_a_system_turn_inside_messages_round_trips() -> None:
+    # Claude Code 2.1 sends one at messages[1]; a leading one is still refused.
+    turn = {
+        "role": "system",
+        "content": [{"type": "text", "text": "ctx", "cache_control": {"type": "ephemeral"}}],
+    }
+    body = _body({"role": "user", "content": "hi"}, turn, {"role": "system", "content": "plain"})
+    t = decode_request(body)
+    assert [m.role for m in t.messages] == ["user", "system", "system"]
+    assert t.messages[1].text == "ctx"
+    assert encode_request(t) == body
