@@ -58,6 +58,16 @@ _ABSENT = object()
 
 def decode_request(body: Any) -> Transcript:
     """Parse a Messages request body; raises DialectError naming the bad field."""
+    envelope, messages = decode_envelope(body)
+    issued: set[str] = set()
+    decoded = [m for i, raw in enumerate(messages) for m in decode_item(raw, i, issued)]
+    return envelope.with_messages((*envelope.messages, *decoded))
+
+
+def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
+    """Every check and field of the body but its messages: a transcript holding only the
+    top-level system prompt (with tools, params) and the raw message list, to decode one by
+    one with ``decode_item``."""
     body = check_request_body(body)
     expect_str(require(body, "model", ""), "model")
     max_tokens = require(body, "max_tokens", "")
@@ -74,13 +84,17 @@ def decode_request(body: Any) -> Transcript:
         if tools:  # an empty list stays in params, to be written back as sent
             del params["tools"]
     params[DIALECT_PARAM] = ANTHROPIC
-    decoded: list[Message] = []
-    if "system" in body:
-        decoded.append(_decode_system(body["system"]))
-    issued: set[str] = set()
-    for i, raw in enumerate(messages):
-        decoded.extend(_decode_message(raw, f"messages[{i}]", issued, system_turn=i > 0))
-    return Transcript(messages=tuple(decoded), tools=tools, params=params)
+    system = (_decode_system(body["system"]),) if "system" in body else ()
+    return Transcript(messages=system, tools=tools, params=params), messages
+
+
+def decode_item(raw: Any, index: int, issued: set[str]) -> tuple[Message, ...]:
+    """``messages[index]`` of a request (one or more neutral messages), given the call ids
+    the earlier ones issued.
+
+    Depends on nothing else, so an unchanged message at the same index decodes the same.
+    """
+    return tuple(_decode_message(raw, f"messages[{index}]", issued, system_turn=index > 0))
 
 
 def _decode_system(raw: Any, where: str = "system", *, turn: bool = False) -> Message:

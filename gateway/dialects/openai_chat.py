@@ -55,6 +55,15 @@ ContentPart = Text | Opaque
 
 def decode_request(body: Any) -> Transcript:
     """Parse a Chat Completions request body; raises DialectError naming the bad field."""
+    envelope, messages = decode_envelope(body)
+    issued: set[str] = set()
+    decoded = [m for i, raw in enumerate(messages) for m in decode_item(raw, i, issued)]
+    return envelope.with_messages(decoded)
+
+
+def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
+    """Every check and field of the body but its messages: a transcript with no messages
+    (tools, params) and the raw message list, to decode one by one with ``decode_item``."""
     body = check_request_body(body)
     expect_str(require(body, "model", ""), "model")
     messages = expect_list(require(body, "messages", ""), "messages")
@@ -68,9 +77,15 @@ def decode_request(body: Any) -> Transcript:
         if tools:  # an empty list stays in params, to be written back as sent
             del params["tools"]
     params[DIALECT_PARAM] = OPENAI
-    issued: set[str] = set()
-    decoded = tuple(decode_message(m, f"messages[{i}]", issued) for i, m in enumerate(messages))
-    return Transcript(messages=decoded, tools=tools, params=params)
+    return Transcript(messages=(), tools=tools, params=params), messages
+
+
+def decode_item(raw: Any, index: int, issued: set[str]) -> tuple[Message, ...]:
+    """``messages[index]`` of a request, given the call ids the earlier ones issued.
+
+    Depends on nothing else, so an unchanged message at the same index decodes the same.
+    """
+    return (decode_message(raw, f"messages[{index}]", issued),)
 
 
 def decode_message(raw: Any, path: str = "message", issued: set[str] | None = None) -> Message:
