@@ -62,8 +62,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         status = "error"
         try:
             body = await _read_json(request, config.max_body_bytes)
-            transcript = endpoint.decode(body)
-            prepared = await pipeline.prepare(transcript, body, request.headers)
+            prepared = await pipeline.prepare_body(endpoint.codec, body, request.headers)
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
             headers = {

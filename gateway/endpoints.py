@@ -22,6 +22,7 @@ from gateway.dialects.responses import (
     format_sse,
     to_anthropic_response,
 )
+from gateway.request_cache import Codec
 from gateway.transcript import Transcript
 from gateway.upstream import UpstreamError
 
@@ -30,6 +31,7 @@ from gateway.upstream import UpstreamError
 class Endpoint:
     name: str
     decode: Callable[[Any], Transcript]
+    codec: Codec
     error_body: Callable[[DialectError], dict[str, Any]]
     anthropic: bool
 
@@ -87,7 +89,17 @@ class Endpoint:
         return to_anthropic_response(completion) if self.anthropic else completion
 
 
-OPENAI = Endpoint("openai", openai_chat.decode_request, openai_error_body, anthropic=False)
+OPENAI = Endpoint(
+    "openai",
+    openai_chat.decode_request,
+    Codec("openai", openai_chat.decode_envelope, openai_chat.decode_item),
+    openai_error_body,
+    anthropic=False,
+)
 ANTHROPIC = Endpoint(
-    "anthropic", anthropic_messages.decode_request, anthropic_error_body, anthropic=True
+    "anthropic",
+    anthropic_messages.decode_request,
+    Codec("anthropic", anthropic_messages.decode_envelope, anthropic_messages.decode_item),
+    anthropic_error_body,
+    anthropic=True,
 )

@@ -31,6 +31,7 @@ from gateway.fold.restore import (
 )
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.replies import Decision, ReplyFilter
+from gateway.request_cache import Codec, DecodeCache, MessageMemo, session_ids
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RoutingPolicy, with_failover
@@ -62,6 +63,9 @@ class Prepared:
     text_actions: bool
     stream: bool
     raw_tokens: int
+    # What is derived from each message (store dicts, token estimates, upstream encoding),
+    # reused across the session's requests when they reuse the message objects.
+    memo: MessageMemo = field(default_factory=MessageMemo)
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -84,6 +88,7 @@ class Pipeline:
         self.upstream_model = config.upstream_model
         self._model_discovered = False
         self._accounting: set[asyncio.Task[None]] = set()
+        self._decoded = DecodeCache()
 
     async def drain(self) -> None:
         """Wait for accounting still in flight (before the store closes)."""
@@ -100,19 +105,36 @@ class Pipeline:
                 raise DialectError(str(exc), param=self.config.strategy_header) from exc
         return self._renderers[strategy]
 
+    async def prepare_body(self, codec: Codec, body: Any, headers: Mapping[str, str]) -> Prepared:
+        """Decode and ingest a client's request body, decoding only what the session's
+        previous request did not hold."""
+        ids = (
+            session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
+        )
+        transcript, memo = self._decoded.decode(codec, body, ids)
+        return await self._prepare(transcript, memo, body, headers)
+
     async def prepare(
         self, transcript: Transcript, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> Prepared:
         # Markers such as cache_control move from turn to turn and mean nothing upstream;
         # kept, they would make an unchanged message look edited (a fork per request).
         transcript = transcript.with_messages(without_volatile(m) for m in transcript.messages)
+        return await self._prepare(transcript, MessageMemo(), body, headers)
+
+    async def _prepare(
+        self,
+        transcript: Transcript,
+        memo: MessageMemo,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> Prepared:
+        """Ingest a decoded transcript whose volatile markers are already dropped."""
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy
         self.renderer(strategy)
-        stored = await self.store.ingest(
-            tenant, session, [m.to_dict() for m in transcript.messages]
-        )
+        stored = await self.store.ingest(tenant, session, memo.dicts(transcript.messages))
         history, restored = await self._history(tenant, session, stored.branch_id, transcript)
         return Prepared(
             tenant=tenant,
@@ -124,7 +146,8 @@ class Pipeline:
             state=RenderState(restored=frozenset(restored)),
             text_actions=not transcript.tools,
             stream=bool(body.get("stream")),
-            raw_tokens=sum(estimate_tokens(m) for m in transcript.messages),
+            raw_tokens=memo.tokens(transcript.messages),
+            memo=memo,
         )
 
     async def _history(
@@ -160,12 +183,11 @@ class Pipeline:
             self._caches.popitem(last=False)
         metrics.STUBS.inc(rendered.stats.stubs)
         metrics.FOLDS.inc(rendered.stats.folded_steps)
-        tokens = sum(estimate_tokens(m) for m in rendered.transcript.messages)
-        return rendered.transcript, tokens
+        return rendered.transcript, prepared.memo.tokens(rendered.transcript.messages)
 
     def upstream_body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
         """The rendered context as a streaming chat request for a vLLM replica."""
-        body = encode_request(rendered)
+        body = encode_request(rendered, prepared.memo.encode)
         if body.get("tools") and "refold" in prepared.strategy.split("+"):
             body["tools"] = [*body["tools"], restore_tool_schema()]
         body["stream"] = True

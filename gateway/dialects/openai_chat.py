@@ -18,7 +18,7 @@ in ``reasoning`` (the field vLLM reads), images as ``image_url`` parts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
@@ -203,12 +203,18 @@ def _decode_tool_call(raw: Any, path: str) -> ToolCall:
     return ToolCall(call_id, name, args, meta)
 
 
-def encode_request(t: Transcript) -> dict[str, Any]:
-    """A Chat Completions body; parameters and tools from another dialect are converted."""
+def encode_request(
+    t: Transcript, encode: Callable[[Message], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A Chat Completions body; parameters and tools from another dialect are converted.
+
+    ``encode``: a stand-in for ``encode_message`` giving the same dicts (a memo of it).
+    """
     params = dict(t.params)
     if params.pop(DIALECT_PARAM, OPENAI) == ANTHROPIC:
         params = params_to_openai(params)
-    body: dict[str, Any] = {**params, "messages": encode_messages(t.messages)}
+    encode = encode or encode_message
+    body: dict[str, Any] = {**params, "messages": [encode(m) for m in t.messages]}
     if t.tools:
         body["tools"] = to_openai_tools(t.tools)
     return body

@@ -1,0 +1,195 @@
+"""Incremental decoding gives exactly the full decode, and reuses what did not change."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.dialects import anthropic_messages, openai_chat
+from gateway.dialects.errors import DialectError
+from gateway.dialects.volatile import without_volatile
+from gateway.endpoints import ANTHROPIC, OPENAI
+from gateway.fold.renderer import estimate_tokens
+from gateway.request_cache import DecodeCache, MessageMemo, session_ids
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
+from tests.dialects.strategies import anthropic_bodies, openai_bodies
+
+FULL = {"openai": openai_chat.decode_request, "anthropic": anthropic_messages.decode_request}
+
+
+def outcome(decode: Any, body: dict[str, Any]) -> Any:
+    """A transcript, or the error's (message, param): what a decoder made of ``body``."""
+    try:
+        return decode(body)
+    except DialectError as exc:
+        return (str(exc), exc.param)
+
+
+def full_decode(name: str, body: dict[str, Any]) -> Any:
+    t = outcome(FULL[name], body)
+    if isinstance(t, Transcript):
+        return t.with_messages(without_volatile(m) for m in t.messages)
+    return t
+
+
+def toggle_cache_control(value: Any, flip: list[bool]) -> Any:
+    """``value`` with ``cache_control`` moved: dropped where it was, added on some blocks."""
+    if isinstance(value, list):
+        return [toggle_cache_control(v, flip) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: toggle_cache_control(v, flip) for k, v in value.items() if k != "cache_control"}
+    if value.get("type") == "text" and "cache_control" not in value and flip and flip.pop():
+        out["cache_control"] = {"type": "ephemeral"}
+    return out
+
+
+@st.composite
+def request_sequences(draw: st.DrawFn, bodies: st.SearchStrategy) -> list[dict[str, Any]]:
+    """A session's requests: the first body, then growing, cut, edited, diverging or
+    re-marked versions of the one before."""
+    first = draw(bodies)
+    sequence = [first]
+    for _ in range(draw(st.integers(1, 4))):
+        body = copy.deepcopy(sequence[-1])
+        messages = body["messages"]
+        other = draw(bodies)["messages"]
+        edit = draw(st.sampled_from(["extend", "cut", "replace", "drop", "marks", "same"]))
+        if edit == "extend":
+            messages.extend(other)
+        elif edit == "cut":
+            del messages[draw(st.integers(1, len(messages))) :]
+        elif edit == "replace":
+            messages[draw(st.integers(0, len(messages) - 1))] = other[0]
+        elif edit == "drop" and len(messages) > 1:
+            del messages[draw(st.integers(0, len(messages) - 1))]
+        elif edit == "marks":
+            flips = draw(st.lists(st.booleans(), max_size=8))
+            body["messages"] = toggle_cache_control(messages, flips)
+        sequence.append(body)
+    return sequence
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bodies"),
+    [(OPENAI, openai_bodies()), (ANTHROPIC, anthropic_bodies())],
+    ids=["openai", "anthropic"],
+)
+def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any) -> None:
+    @SETTINGS
+    @given(request_sequences(bodies))
+    def check(sequence: list[dict[str, Any]]) -> None:
+        cache = DecodeCache()
+        for body in sequence:
+            expected = full_decode(endpoint.name, body)
+            got = outcome(lambda b: cache.decode(endpoint.codec, b)[0], copy.deepcopy(body))
+            assert got == expected
+
+    check()
+
+
+def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": messages, **extra}
+
+
+def call(call_id: str) -> dict[str, Any]:
+    function = {"name": "bash", "arguments": "{}"}
+    return {"role": "assistant", "tool_calls": [{"id": call_id, "function": function}]}
+
+
+def result(call_id: str, text: str = "out") -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+HISTORY = [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "task"},
+    call("c1"),
+    result("c1"),
+]
+
+
+def test_the_unchanged_prefix_reuses_the_decoded_messages() -> None:
+    cache = DecodeCache()
+    first, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    grown = chat([*copy.deepcopy(HISTORY), call("c2"), result("c2")])
+    second, _ = cache.decode(OPENAI.codec, grown)
+    assert all(a is b for a, b in zip(first.messages, second.messages[:4], strict=True))
+    assert second.messages[5].tool_call_id == "c2"
+
+
+def test_an_edited_message_is_decoded_again_from_there() -> None:
+    cache = DecodeCache()
+    first, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    edited = copy.deepcopy(HISTORY)
+    edited[2]["tool_calls"][0]["function"]["arguments"] = '{"x": 1}'
+    second, _ = cache.decode(OPENAI.codec, chat(edited))
+    assert second.messages[1] is first.messages[1]
+    assert second.messages[2].tool_calls[0].arguments == '{"x": 1}'
+    assert second.messages[3] is not first.messages[3]
+
+
+def test_a_result_must_answer_a_call_issued_in_the_reused_prefix() -> None:
+    cache = DecodeCache()
+    cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    with pytest.raises(DialectError, match="'c9' does not answer") as err:
+        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY), result("c9")]))
+    assert err.value.param == "messages[4].tool_call_id"
+    # A cut history forgets the calls it no longer holds.
+    with pytest.raises(DialectError, match="'c1' does not answer"):
+        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
+
+
+def test_the_body_checks_run_on_every_request() -> None:
+    cache = DecodeCache()
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    cache.decode(ANTHROPIC.codec, copy.deepcopy(body))
+    del body["max_tokens"]
+    with pytest.raises(DialectError, match="max_tokens"):
+        cache.decode(ANTHROPIC.codec, body)
+
+
+def test_sessions_are_kept_apart_and_the_cache_is_bounded() -> None:
+    cache = DecodeCache(max_sessions=1)
+    a, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"])
+    b, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["b"])
+    assert b.messages[0] is not a.messages[0]
+    again, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"])
+    assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
+    assert again == a
+
+
+def test_session_ids_name_what_the_request_says() -> None:
+    ids = session_ids({"x-session-id": "s1"}, {"user": "u"}, "x-session-id")
+    assert ids[0] == "s1" and "'u'" in ids
+
+
+def test_memo_gives_what_the_functions_give() -> None:
+    memo = MessageMemo()
+    messages = [
+        text_message("user", "hello there"),
+        Message("assistant", (Text("ok"), ToolCall("c1", "bash", '{"cmd": "ls"}'))),
+    ]
+    assert memo.dicts(messages) == [m.to_dict() for m in messages]
+    assert memo.tokens(messages) == sum(estimate_tokens(m) for m in messages)
+    assert [memo.encode(m) for m in messages] == openai_chat.encode_messages(messages)
+    assert memo.dicts(messages)[0] is memo.dicts(messages)[0]
+
+
+def test_memo_forgets_messages_a_request_did_not_use() -> None:
+    memo = MessageMemo()
+    kept, dropped = text_message("user", "kept"), text_message("user", "dropped")
+    first = memo.dicts([kept, dropped])
+    memo.next_request()
+    assert memo.dicts([kept])[0] is first[0]
+    memo.next_request()
+    memo.next_request()
+    assert memo.dicts([dropped])[0] is not first[1]
+    assert memo.dicts([kept])[0] is not first[0]
