@@ -62,7 +62,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         status = "error"
         try:
             body = await _read_json(request, config.max_body_bytes)
-            prepared = await pipeline.prepare_body(endpoint.codec, body, request.headers)
+            transcript, memo = pipeline.decode(endpoint.codec, body, request.headers)
+            prepared = await pipeline.prepare(transcript, body, request.headers, memo)
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
             headers = {

@@ -105,31 +105,30 @@ class Pipeline:
                 raise DialectError(str(exc), param=self.config.strategy_header) from exc
         return self._renderers[strategy]
 
-    async def prepare_body(self, codec: Codec, body: Any, headers: Mapping[str, str]) -> Prepared:
-        """Decode and ingest a client's request body, decoding only what the session's
-        previous request did not hold."""
+    def decode(
+        self, codec: Codec, body: Any, headers: Mapping[str, str]
+    ) -> tuple[Transcript, MessageMemo]:
+        """A client's request body decoded, volatile markers dropped, and the session's memo
+        to pass to ``prepare``; only what the session's previous request lacked is decoded."""
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )
-        transcript, memo = self._decoded.decode(codec, body, ids)
-        return await self._prepare(transcript, memo, body, headers)
+        return self._decoded.decode(codec, body, ids)
 
     async def prepare(
-        self, transcript: Transcript, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> Prepared:
-        # Markers such as cache_control move from turn to turn and mean nothing upstream;
-        # kept, they would make an unchanged message look edited (a fork per request).
-        transcript = transcript.with_messages(without_volatile(m) for m in transcript.messages)
-        return await self._prepare(transcript, MessageMemo(), body, headers)
-
-    async def _prepare(
         self,
         transcript: Transcript,
-        memo: MessageMemo,
         body: Mapping[str, Any],
         headers: Mapping[str, str],
+        memo: MessageMemo | None = None,
     ) -> Prepared:
-        """Ingest a decoded transcript whose volatile markers are already dropped."""
+        """Ingest a decoded request. With ``memo`` (from ``decode``) the transcript's volatile
+        markers are already dropped; without, they are dropped here."""
+        if memo is None:
+            # Markers such as cache_control move from turn to turn and mean nothing upstream;
+            # kept, they would make an unchanged message look edited (a fork per request).
+            transcript = transcript.with_messages(without_volatile(m) for m in transcript.messages)
+            memo = MessageMemo()
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.config import GatewayConfig
 from gateway.dialects import anthropic_messages, openai_chat
 from gateway.dialects.errors import DialectError
 from gateway.dialects.volatile import without_volatile
 from gateway.endpoints import ANTHROPIC, OPENAI
 from gateway.fold.renderer import estimate_tokens
+from gateway.pipeline import Pipeline
 from gateway.request_cache import DecodeCache, MessageMemo, session_ids
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
+from gateway.upstream import UpstreamClient
+from router import ReplicaPool, make_policy
+from store import open_store
 from tests.dialects.strategies import anthropic_bodies, openai_bodies
 
 FULL = {"openai": openai_chat.decode_request, "anthropic": anthropic_messages.decode_request}
@@ -193,3 +200,44 @@ def test_memo_forgets_messages_a_request_did_not_use() -> None:
     memo.next_request()
     assert memo.dicts([dropped])[0] is not first[1]
     assert memo.dicts([kept])[0] is not first[0]
+
+
+def grown_bodies(steps: int) -> list[dict[str, Any]]:
+    """A harness's requests: each re-sends the history so far with one more step."""
+    history = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
+    bodies = []
+    for step in range(steps):
+        history = [*history, call(f"c{step}"), result(f"c{step}", f"output {step} " * 40)]
+        tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+        bodies.append(chat(copy.deepcopy(history), tools=tools, stream=True))
+    bodies.append(chat(copy.deepcopy(history[:4]), tools=tools))  # a shorter re-send
+    return bodies
+
+
+async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Path) -> None:
+    """Same upstream bodies, token estimates and branches as decoding every request anew."""
+    config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/a.db", k=2)
+    cached = Pipeline(config, open_store(config.store_url), *_offline(config))
+    fresh_config = replace(config, store_url=f"sqlite:///{tmp_path}/b.db")
+    fresh = Pipeline(fresh_config, open_store(fresh_config.store_url), *_offline(fresh_config))
+    headers = {"x-session-id": "s"}
+    try:
+        for body in grown_bodies(8):
+            transcript, memo = cached.decode(OPENAI.codec, copy.deepcopy(body), headers)
+            got = await cached.prepare(transcript, body, headers, memo)
+            want = await fresh.prepare(OPENAI.decode(copy.deepcopy(body)), body, headers)
+            assert (got.branch, got.raw_tokens) == (want.branch, want.raw_tokens)
+            got_rendered, got_tokens = cached.render(got)
+            want_rendered, want_tokens = fresh.render(want)
+            assert got_tokens == want_tokens
+            assert cached.upstream_body(got, got_rendered) == fresh.upstream_body(
+                want, want_rendered
+            )
+    finally:
+        await cached.store.close()
+        await fresh.store.close()
+
+
+def _offline(config: GatewayConfig) -> tuple[Any, ...]:
+    """Pool, policy and upstream client that nothing here uses: no request leaves."""
+    return ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin"), UpstreamClient()
