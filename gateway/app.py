@@ -62,8 +62,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         status = "error"
         try:
             body = await _read_json(request, config.max_body_bytes)
-            transcript, memo = pipeline.decode(endpoint.codec, body, request.headers)
-            prepared = await pipeline.prepare(transcript, body, request.headers, memo)
+            decoded = pipeline.decode(endpoint.codec, body, request.headers)
+            prepared = await pipeline.prepare(decoded, body, request.headers)
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
             headers = {

@@ -31,7 +31,7 @@ from gateway.fold.restore import (
 )
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.replies import Decision, ReplyFilter
-from gateway.request_cache import Codec, DecodeCache, MessageMemo, session_ids
+from gateway.request_cache import Codec, DecodeCache, Decoded, MessageMemo, session_ids
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RoutingPolicy, with_failover
@@ -105,11 +105,9 @@ class Pipeline:
                 raise DialectError(str(exc), param=self.config.strategy_header) from exc
         return self._renderers[strategy]
 
-    def decode(
-        self, codec: Codec, body: Any, headers: Mapping[str, str]
-    ) -> tuple[Transcript, MessageMemo]:
-        """A client's request body decoded, volatile markers dropped, and the session's memo
-        to pass to ``prepare``; only what the session's previous request lacked is decoded."""
+    def decode(self, codec: Codec, body: Any, headers: Mapping[str, str]) -> Decoded:
+        """A client's request body decoded (volatile markers dropped), for ``prepare``; only
+        what the session's previous request did not hold is decoded."""
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )
@@ -117,23 +115,24 @@ class Pipeline:
 
     async def prepare(
         self,
-        transcript: Transcript,
+        request: Transcript | Decoded,
         body: Mapping[str, Any],
         headers: Mapping[str, str],
-        memo: MessageMemo | None = None,
     ) -> Prepared:
-        """Ingest a decoded request. With ``memo`` (from ``decode``) the transcript's volatile
-        markers are already dropped; without, they are dropped here."""
-        if memo is None:
+        """Ingest a decoded request: a transcript as a dialect decodes it, or what ``decode``
+        made of it (volatile markers already dropped)."""
+        if isinstance(request, Transcript):
             # Markers such as cache_control move from turn to turn and mean nothing upstream;
             # kept, they would make an unchanged message look edited (a fork per request).
-            transcript = transcript.with_messages(without_volatile(m) for m in transcript.messages)
-            memo = MessageMemo()
+            request = Decoded.full(
+                request.with_messages(without_volatile(m) for m in request.messages)
+            )
+        transcript = request.transcript
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy
         self.renderer(strategy)
-        stored = await self.store.ingest(tenant, session, memo.dicts(transcript.messages))
+        stored = await self.store.ingest(tenant, session, request.stored)
         history, restored = await self._history(tenant, session, stored.branch_id, transcript)
         return Prepared(
             tenant=tenant,
@@ -145,8 +144,8 @@ class Pipeline:
             state=RenderState(restored=frozenset(restored)),
             text_actions=not transcript.tools,
             stream=bool(body.get("stream")),
-            raw_tokens=memo.tokens(transcript.messages),
-            memo=memo,
+            raw_tokens=request.tokens,
+            memo=request.memo,
         )
 
     async def _history(

@@ -8,19 +8,19 @@ suffix is decoded. The whole-body checks (``decode_envelope``) still run on ever
 and a message's decoding depends only on its raw dict, its index and the call ids issued
 before it, all equal for an equal prefix: the transcript is exactly the full decode's.
 
-Reusing the same objects request after request lets the renderer's cache check hit its
-identity fast path, and lets ``MessageMemo`` keep what the pipeline derives from each
-message (store dict, token estimate, upstream encoding) keyed by object identity.
+What the pipeline derives from each message (store dict, token estimate) is kept beside
+it. Reusing the same objects request after request lets the renderer's cache check and
+the store's digest cache take their identity fast paths, and lets ``MessageMemo`` keep the
+token estimates and upstream encoding of the rendered messages by object identity.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import xxhash
 
 from gateway.dialects.openai_chat import encode_message
@@ -43,7 +43,7 @@ class Codec:
 
 
 class MessageMemo:
-    """What the pipeline derives from a message, kept per message object.
+    """What the pipeline derives from a rendered message, kept per message object.
 
     Entries are keyed by ``id`` and hold the message itself, so an id cannot be reused while
     its entry lives. Entries not used during one request are dropped at the start of the
@@ -57,29 +57,15 @@ class MessageMemo:
     def next_request(self) -> None:
         self._previous, self._current = self._current, {}
 
-    def _entry(self, message: Message) -> _Derived:
-        key = id(message)
-        entry = self._current.get(key)
-        if entry is None:
-            entry = self._previous.pop(key, None) or _Derived(message)
-            self._current[key] = entry
-        return entry
-
-    def dicts(self, messages: Iterable[Message]) -> list[dict[str, Any]]:
-        """``m.to_dict()`` of each message; callers must not edit the dicts."""
-        out = []
-        for m in messages:
-            entry = self._entry(m)
-            if entry.stored is None:
-                entry.stored = m.to_dict()
-            out.append(entry.stored)
-        return out
-
     def tokens(self, messages: Iterable[Message]) -> int:
         """The sum of ``estimate_tokens`` over the messages."""
+        current, previous = self._current, self._previous
         total = 0
         for m in messages:
-            entry = self._entry(m)
+            # Inlined lookups: this runs for every message of every rendering.
+            entry = current.get(id(m))
+            if entry is None:
+                entry = current[id(m)] = previous.pop(id(m), None) or _Derived(m)
             if entry.tokens is None:
                 entry.tokens = estimate_tokens(m)
             total += entry.tokens
@@ -87,7 +73,11 @@ class MessageMemo:
 
     def encode(self, message: Message) -> dict[str, Any]:
         """``openai_chat.encode_message(message)``; callers must not edit the dict."""
-        entry = self._entry(message)
+        entry = self._current.get(id(message))
+        if entry is None:
+            entry = self._current[id(message)] = self._previous.pop(id(message), None) or _Derived(
+                message
+            )
         if entry.encoded is None:
             entry.encoded = encode_message(message)
         return entry.encoded
@@ -96,20 +86,41 @@ class MessageMemo:
 @dataclass(slots=True)
 class _Derived:
     message: Message  # keeps the id valid while the entry lives
-    stored: dict[str, Any] | None = None
     tokens: int | None = None
     encoded: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded request: its transcript (volatile markers dropped), each message's
+    ``to_dict()`` for the store, their summed ``estimate_tokens``, and the session's memo."""
+
+    transcript: Transcript
+    stored: list[dict[str, Any]]
+    tokens: int
+    memo: MessageMemo
+
+    @classmethod
+    def full(cls, transcript: Transcript) -> Decoded:
+        """Computed from scratch for ``transcript`` (whose markers are already dropped)."""
+        messages = transcript.messages
+        stored = [m.to_dict() for m in messages]
+        return cls(transcript, stored, sum(estimate_tokens(m) for m in messages), MessageMemo())
+
+
 @dataclass(slots=True)
 class _Previous:
-    """The previous request of a session, as ``DecodeCache`` keeps it."""
+    """The previous request of a session, as ``DecodeCache`` keeps it: the raw messages and,
+    flattened, what they decoded to with each one's store dict and running token total."""
 
-    head: tuple[Message, ...]
+    head: Decoded
     raw: list[Any]
-    items: list[tuple[Message, ...]]
+    ends: list[int]  # how many decoded messages raw[:i + 1] gave
+    messages: list[Message]
+    stored: list[dict[str, Any]]
+    running: list[int]
     issued: set[str]
-    memo: MessageMemo = field(default_factory=MessageMemo)
+    memo: MessageMemo
 
 
 class DecodeCache:
@@ -119,49 +130,68 @@ class DecodeCache:
         self._max = max_sessions
         self._sessions: OrderedDict[Hashable, _Previous] = OrderedDict()
 
-    def decode(
-        self, codec: Codec, body: Any, ids: Sequence[Any] = ()
-    ) -> tuple[Transcript, MessageMemo]:
-        """``body`` decoded, volatile markers dropped (as ``without_volatile`` on each
-        message of ``codec``'s full decode), and the session's memo.
+    def decode(self, codec: Codec, body: Any, ids: Sequence[Any] = ()) -> Decoded:
+        """``body`` decoded as ``codec``'s full decode with ``without_volatile`` on each
+        message would decode it, using what the session's previous request decoded.
 
         ``ids``: what the request says about its session (header, body fields); the first
         raw messages complete the key. A wrong guess only costs a full decode.
         """
         envelope, raw = codec.envelope(body)
-        head = tuple(without_volatile(m) for m in envelope.messages)
         key = (codec.name, *ids, _digest(raw[:_KEY_MESSAGES]))
         previous = self._sessions.get(key)
+        head = Decoded.full(Transcript(tuple(without_volatile(m) for m in envelope.messages)))
         same = 0
         if previous is not None:
-            if head == previous.head:
+            if head.transcript.messages == previous.head.transcript.messages:
                 head = previous.head  # the same objects: identity checks downstream
             for new, old in zip(raw, previous.raw, strict=False):
                 if new != old:
                     break
                 same += 1
-        items = previous.items[:same] if previous is not None else []
-        if previous is not None and same == len(previous.raw):
-            issued = set(previous.issued)
+            kept = previous.ends[same - 1] if same else 0
+            ends, running = previous.ends[:same], previous.running[:kept]
+            messages, stored = previous.messages[:kept], previous.stored[:kept]
+            if same == len(previous.raw):
+                issued = set(previous.issued)
+            else:
+                issued = {c.id for m in messages for c in m.tool_calls}
+            memo = previous.memo
         else:
-            issued = {c.id for item in items for m in item for c in m.tool_calls}
+            ends, running, messages, stored, issued = [], [], [], [], set()
+            memo = MessageMemo()
+        total = running[-1] if running else 0
         for index in range(same, len(raw)):
-            items.append(tuple(without_volatile(m) for m in codec.item(raw[index], index, issued)))
-        memo = previous.memo if previous is not None else MessageMemo()
+            for m in codec.item(raw[index], index, issued):
+                m = without_volatile(m)
+                messages.append(m)
+                stored.append(m.to_dict())
+                total += estimate_tokens(m)
+                running.append(total)
+            ends.append(len(messages))
         memo.next_request()
-        self._sessions[key] = _Previous(head, raw, items, issued, memo)
+        self._sessions[key] = _Previous(head, raw, ends, messages, stored, running, issued, memo)
         self._sessions.move_to_end(key)
         while len(self._sessions) > self._max:
             self._sessions.popitem(last=False)
-        messages = (*head, *(m for item in items for m in item))
-        return envelope.with_messages(messages), memo
+        transcript = envelope.with_messages((*head.transcript.messages, *messages))
+        return Decoded(transcript, head.stored + stored, head.tokens + total, memo)
 
 
 def _digest(raw: list[Any]) -> str:
-    try:
-        return xxhash.xxh3_64_hexdigest(orjson.dumps(raw))
-    except TypeError:  # not JSON data (a caller's own objects): no reuse, still correct
-        return ""
+    """The roles and texts of the first raw messages: markers such as ``cache_control``
+    move between requests and must not change a session's key."""
+    h = xxhash.xxh3_64()
+    for message in raw:
+        if not isinstance(message, dict):
+            continue
+        h.update(f"\0{message.get('role')}\0".encode("utf-8", "surrogatepass"))
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"text": content}]
+        for block in blocks:
+            if isinstance(block, dict) and isinstance(block.get("text"), str):
+                h.update(block["text"].encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str) -> list[Any]:

@@ -37,10 +37,17 @@ def outcome(decode: Any, body: dict[str, Any]) -> Any:
 
 
 def full_decode(name: str, body: dict[str, Any]) -> Any:
+    """The full decode, markers dropped, with each message's store dict and the tokens."""
     t = outcome(FULL[name], body)
     if isinstance(t, Transcript):
-        return t.with_messages(without_volatile(m) for m in t.messages)
+        t = t.with_messages(without_volatile(m) for m in t.messages)
+        return t, [m.to_dict() for m in t.messages], sum(estimate_tokens(m) for m in t.messages)
     return t
+
+
+def cached_decode(cache: DecodeCache, codec: Any, body: dict[str, Any]) -> Any:
+    decoded = cache.decode(codec, body)
+    return decoded.transcript, decoded.stored, decoded.tokens
 
 
 def toggle_cache_control(value: Any, flip: list[bool]) -> Any:
@@ -96,7 +103,7 @@ def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any) -> No
         cache = DecodeCache()
         for body in sequence:
             expected = full_decode(endpoint.name, body)
-            got = outcome(lambda b: cache.decode(endpoint.codec, b)[0], copy.deepcopy(body))
+            got = outcome(lambda b: cached_decode(cache, endpoint.codec, b), copy.deepcopy(body))
             assert got == expected
 
     check()
@@ -125,19 +132,40 @@ HISTORY = [
 
 def test_the_unchanged_prefix_reuses_the_decoded_messages() -> None:
     cache = DecodeCache()
-    first, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
     grown = chat([*copy.deepcopy(HISTORY), call("c2"), result("c2")])
-    second, _ = cache.decode(OPENAI.codec, grown)
+    second = cache.decode(OPENAI.codec, grown).transcript
     assert all(a is b for a, b in zip(first.messages, second.messages[:4], strict=True))
     assert second.messages[5].tool_call_id == "c2"
 
 
+def test_moving_cache_control_keeps_the_decoded_objects() -> None:
+    """Claude Code marks its newest blocks: the marked messages still reuse their decode."""
+
+    def body(marked: int) -> dict[str, Any]:
+        def block(text: str, i: int) -> dict[str, Any]:
+            mark = {"cache_control": {"type": "ephemeral"}} if i == marked else {}
+            return {"type": "text", "text": text, **mark}
+
+        turns = [{"role": "user", "content": [block(f"turn {i}", i)]} for i in range(1, 4)]
+        return {"model": "m", "max_tokens": 8, "system": [block("sys", 0)], "messages": turns}
+
+    cache = DecodeCache()
+    first = cache.decode(ANTHROPIC.codec, body(0))
+    second = cache.decode(ANTHROPIC.codec, body(2))
+    assert second.transcript == full_decode("anthropic", body(2))[0]
+    assert second.transcript.messages[0] is first.transcript.messages[0]  # the system prompt
+    assert second.transcript.messages[1] is first.transcript.messages[1]
+    assert second.transcript.messages[2] is not first.transcript.messages[2]
+    assert second.stored[1] is first.stored[1]
+
+
 def test_an_edited_message_is_decoded_again_from_there() -> None:
     cache = DecodeCache()
-    first, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
     edited = copy.deepcopy(HISTORY)
     edited[2]["tool_calls"][0]["function"]["arguments"] = '{"x": 1}'
-    second, _ = cache.decode(OPENAI.codec, chat(edited))
+    second = cache.decode(OPENAI.codec, chat(edited)).transcript
     assert second.messages[1] is first.messages[1]
     assert second.messages[2].tool_calls[0].arguments == '{"x": 1}'
     assert second.messages[3] is not first.messages[3]
@@ -165,10 +193,10 @@ def test_the_body_checks_run_on_every_request() -> None:
 
 def test_sessions_are_kept_apart_and_the_cache_is_bounded() -> None:
     cache = DecodeCache(max_sessions=1)
-    a, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"])
-    b, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["b"])
+    a = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    b = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
     assert b.messages[0] is not a.messages[0]
-    again, _ = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"])
+    again = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
     assert again == a
 
@@ -184,22 +212,21 @@ def test_memo_gives_what_the_functions_give() -> None:
         text_message("user", "hello there"),
         Message("assistant", (Text("ok"), ToolCall("c1", "bash", '{"cmd": "ls"}'))),
     ]
-    assert memo.dicts(messages) == [m.to_dict() for m in messages]
     assert memo.tokens(messages) == sum(estimate_tokens(m) for m in messages)
     assert [memo.encode(m) for m in messages] == openai_chat.encode_messages(messages)
-    assert memo.dicts(messages)[0] is memo.dicts(messages)[0]
+    assert memo.encode(messages[0]) is memo.encode(messages[0])
 
 
 def test_memo_forgets_messages_a_request_did_not_use() -> None:
     memo = MessageMemo()
     kept, dropped = text_message("user", "kept"), text_message("user", "dropped")
-    first = memo.dicts([kept, dropped])
+    first = [memo.encode(kept), memo.encode(dropped)]
     memo.next_request()
-    assert memo.dicts([kept])[0] is first[0]
+    assert memo.encode(kept) is first[0]
     memo.next_request()
     memo.next_request()
-    assert memo.dicts([dropped])[0] is not first[1]
-    assert memo.dicts([kept])[0] is not first[0]
+    assert memo.encode(dropped) is not first[1]
+    assert memo.encode(kept) is not first[0]
 
 
 def grown_bodies(steps: int) -> list[dict[str, Any]]:
@@ -223,8 +250,8 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
     headers = {"x-session-id": "s"}
     try:
         for body in grown_bodies(8):
-            transcript, memo = cached.decode(OPENAI.codec, copy.deepcopy(body), headers)
-            got = await cached.prepare(transcript, body, headers, memo)
+            decoded = cached.decode(OPENAI.codec, copy.deepcopy(body), headers)
+            got = await cached.prepare(decoded, body, headers)
             want = await fresh.prepare(OPENAI.decode(copy.deepcopy(body)), body, headers)
             assert (got.branch, got.raw_tokens) == (want.branch, want.raw_tokens)
             got_rendered, got_tokens = cached.render(got)
