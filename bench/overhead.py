@@ -55,7 +55,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
 from gateway.endpoints import OPENAI
-from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
 from gateway.serve_ray import fast_path_env
 from gateway.upstream import UpstreamClient
@@ -389,17 +388,14 @@ async def stage_times(
             t = time.perf_counter()
             body = orjson.loads(raw)
             t = lap("parse body", t)
-            transcript = OPENAI.decode(body)
-            t = lap("decode (dialect)", t)
-            stored = await store.ingest(
-                "default", session, [m.to_dict() for m in transcript.messages]
-            )
+            # As the app does: only what the session's previous request lacked is decoded.
+            decoded = pipeline.decode(OPENAI.codec, body, headers)
+            t = lap("decode + raw token estimate", t)
+            stored = await store.ingest("default", session, decoded.stored)
             t = lap("ingest (store)", t)
             await store.load("default", session, stored.branch_id, messages=False)
             t = lap("load gateway turns", t)
-            sum(estimate_tokens(m) for m in transcript.messages)
-            t = lap("raw token estimate", t)
-            prepared = await pipeline.prepare(transcript, body, headers)
+            prepared = await pipeline.prepare(decoded, body, headers)
             t = time.perf_counter()
             await store.get_assignment("default", session)
             t = lap("sticky lookup", t)
