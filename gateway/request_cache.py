@@ -9,9 +9,9 @@ and a message's decoding depends only on its raw dict, its index and the call id
 before it, all equal for an equal prefix: the transcript is exactly the full decode's.
 
 What the pipeline derives from each message (store dict, token estimate) is kept beside
-it. Reusing the same objects request after request lets the renderer's cache check and
-the store's digest cache take their identity fast paths, and lets ``MessageMemo`` keep the
-token estimates and upstream encoding of the rendered messages by object identity.
+it. Reusing the same objects request after request turns the renderer's cache check and
+the store's digest cache comparison into pointer checks, and lets ``MessageMemo`` keep
+the token estimates and upstream encoding of the rendered messages by object identity.
 """
 
 from __future__ import annotations
@@ -196,4 +196,6 @@ def _digest(raw: list[Any]) -> str:
 
 def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str) -> list[Any]:
     """What a request says about its session, for ``DecodeCache.decode``'s key."""
-    return [headers.get(header), *(repr(body.get(k)) for k in ("prompt_cache_key", "user"))]
+    # The fields ``identity.resolve_session`` reads (Claude Code's session is in metadata).
+    fields = ("prompt_cache_key", "user", "metadata")
+    return [headers.get(header), *(repr(body.get(k)) for k in fields)]
