@@ -57,15 +57,18 @@ class MessageMemo:
     def next_request(self) -> None:
         self._previous, self._current = self._current, {}
 
+    def _adopt(self, message: Message) -> _Derived:
+        """The entry of a message this request has not used yet (the last one may have)."""
+        entry = self._previous.pop(id(message), None) or _Derived(message)
+        self._current[id(message)] = entry
+        return entry
+
     def tokens(self, messages: Iterable[Message]) -> int:
         """The sum of ``estimate_tokens`` over the messages."""
-        current, previous = self._current, self._previous
+        current = self._current
         total = 0
         for m in messages:
-            # Inlined lookups: this runs for every message of every rendering.
-            entry = current.get(id(m))
-            if entry is None:
-                entry = current[id(m)] = previous.pop(id(m), None) or _Derived(m)
+            entry = current.get(id(m)) or self._adopt(m)
             if entry.tokens is None:
                 entry.tokens = estimate_tokens(m)
             total += entry.tokens
@@ -73,11 +76,7 @@ class MessageMemo:
 
     def encode(self, message: Message) -> dict[str, Any]:
         """``openai_chat.encode_message(message)``; callers must not edit the dict."""
-        entry = self._current.get(id(message))
-        if entry is None:
-            entry = self._current[id(message)] = self._previous.pop(id(message), None) or _Derived(
-                message
-            )
+        entry = self._current.get(id(message)) or self._adopt(message)
         if entry.encoded is None:
             entry.encoded = encode_message(message)
         return entry.encoded
@@ -101,11 +100,11 @@ class Decoded:
     memo: MessageMemo
 
     @classmethod
-    def full(cls, transcript: Transcript) -> Decoded:
+    def full(cls, transcript: Transcript, memo: MessageMemo | None = None) -> Decoded:
         """Computed from scratch for ``transcript`` (whose markers are already dropped)."""
         messages = transcript.messages
-        stored = [m.to_dict() for m in messages]
-        return cls(transcript, stored, sum(estimate_tokens(m) for m in messages), MessageMemo())
+        tokens = sum(estimate_tokens(m) for m in messages)
+        return cls(transcript, [m.to_dict() for m in messages], tokens, memo or MessageMemo())
 
 
 @dataclass(slots=True)
@@ -135,16 +134,20 @@ class DecodeCache:
         message would decode it, using what the session's previous request decoded.
 
         ``ids``: what the request says about its session (header, body fields); the first
-        raw messages complete the key. A wrong guess only costs a full decode.
+        raw messages complete the key. A wrong guess only costs a full decode. The cache
+        keeps ``body``'s message dicts: callers must not edit them afterwards.
         """
         envelope, raw = codec.envelope(body)
         key = (codec.name, *ids, _digest(raw[:_KEY_MESSAGES]))
         previous = self._sessions.get(key)
-        head = Decoded.full(Transcript(tuple(without_volatile(m) for m in envelope.messages)))
+        memo = previous.memo if previous is not None else MessageMemo()
+        lead = Transcript(tuple(without_volatile(m) for m in envelope.messages))
+        if previous is not None and lead.messages == previous.head.transcript.messages:
+            head = previous.head  # the same objects: identity checks downstream
+        else:
+            head = Decoded.full(lead, memo)
         same = 0
         if previous is not None:
-            if head.transcript.messages == previous.head.transcript.messages:
-                head = previous.head  # the same objects: identity checks downstream
             for new, old in zip(raw, previous.raw, strict=False):
                 if new != old:
                     break
@@ -156,10 +159,8 @@ class DecodeCache:
                 issued = set(previous.issued)
             else:
                 issued = {c.id for m in messages for c in m.tool_calls}
-            memo = previous.memo
         else:
             ends, running, messages, stored, issued = [], [], [], [], set()
-            memo = MessageMemo()
         total = running[-1] if running else 0
         for index in range(same, len(raw)):
             for m in codec.item(raw[index], index, issued):
