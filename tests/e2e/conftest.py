@@ -27,6 +27,19 @@ from tests.e2e.ray_fixture import ray_serve_gateway  # noqa: F401  (module fixtu
 INSTALLER = ROOT / "deploy" / "cpu" / "install.sh"
 REPLICAS = 2
 SERVED_NAME = "tiny"
+# A tool the random-weight model can call: a free string argument never ends, a boolean does.
+LIST_FILES = {
+    "type": "function",
+    "function": {
+        "name": "list_files",
+        "description": "List the files of the working directory.",
+        "parameters": {
+            "type": "object",
+            "properties": {"hidden": {"type": "boolean"}},
+            "required": ["hidden"],
+        },
+    },
+}
 
 
 def _installed() -> bool:

