@@ -66,7 +66,6 @@ class Prepared:
     # What is derived from each message (store dicts, token estimates, upstream encoding),
     # reused across the session's requests when they reuse the message objects.
     memo: MessageMemo = field(default_factory=MessageMemo)
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Pipeline:
