@@ -15,6 +15,19 @@ local meta, chainkey, msgs, blobs, gw, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local function touch(ttl)
   for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
+-- (digest, body) pairs in ARGV from index ``first`` that the session does not hold yet,
+-- and the bytes they add (body + 16-byte digest each).
+local function new_blobs(first)
+  local found, size = {}, 0
+  for j = first, #ARGV, 2 do
+    local d = ARGV[j]
+    if found[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
+      found[d] = ARGV[j + 1]
+      size = size + #ARGV[j + 1] + 16
+    end
+  end
+  return found, size
+end
 """
 
 # ARGV: ttl_ms, max_bytes, chained digests (16 bytes each, one per sent message),
@@ -80,14 +93,8 @@ if m ~= n - k then return redis.error_reply('ingest: expected ' .. (n - k) .. ' 
 
 local add = 0
 for i = from, n - 1 do add = add + #ARGV[6 + i - k] + 16 end
-local newblobs = {}
-for j = 6 + m, #ARGV, 2 do
-  local d = ARGV[j]
-  if newblobs[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
-    newblobs[d] = ARGV[j + 1]
-    add = add + #ARGV[j + 1] + 16
-  end
-end
+local newblobs, blob_bytes = new_blobs(6 + m)
+add = add + blob_bytes
 if bytes + add > maxb then return {'too_large', bytes, add} end
 
 if newb == 1 then
@@ -119,14 +126,8 @@ if after >= tonumber(l) then return {'bad_index', tonumber(l)} end
 local bytes = tonumber(redis.call('HGET', meta, 'bytes') or '0')
 local add = 0
 for i = 1, m do add = add + #ARGV[6 + i] end
-local newblobs = {}
-for j = 7 + m, #ARGV, 2 do
-  local d = ARGV[j]
-  if newblobs[d] == nil and redis.call('HEXISTS', blobs, d) == 0 then
-    newblobs[d] = ARGV[j + 1]
-    add = add + #ARGV[j + 1] + 16
-  end
-end
+local newblobs, blob_bytes = new_blobs(7 + m)
+add = add + blob_bytes
 if bytes + add > maxb then return {'too_large', bytes, add} end
 local seq = redis.call('HINCRBY', gw, b .. ':n', m) - m
 for i = 1, m do redis.call('HSET', gw, b .. ':' .. (seq + i - 1), ARGV[6 + i]) end
