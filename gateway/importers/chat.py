@@ -14,8 +14,8 @@ from typing import Any
 
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_message
-from gateway.importers.base import TrajectoryFormatError, require
-from gateway.transcript import Message
+from gateway.importers.base import Trajectory, TrajectoryFormatError, require, stem
+from gateway.transcript import Message, Transcript
 
 _CHAT_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id")
 
@@ -49,3 +49,20 @@ def decode_chat_messages(
         except DialectError as exc:
             raise TrajectoryFormatError(path, str(exc), line) from exc
     return tuple(out)
+
+
+def chat_trajectory(
+    harness: str, path: Path, messages: Sequence[Message], meta: Mapping[str, Any]
+) -> list[Trajectory]:
+    """One run of a chat-logging harness: tool-calling when it has tool messages."""
+    native = any(m.role == "tool" for m in messages)
+    return [
+        Trajectory(
+            id=f"{harness}__{stem(path)}",
+            harness=harness,
+            fmt="native_tool_calls" if native else "text_actions",
+            transcript=Transcript(tuple(messages)),
+            source_path=path,
+            meta=dict(meta),
+        )
+    ]

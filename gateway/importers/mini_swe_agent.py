@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import Trajectory, read_json, require, stem
-from gateway.importers.chat import decode_chat_messages
-from gateway.transcript import Transcript
+from gateway.importers.base import Trajectory, read_json, require
+from gateway.importers.chat import chat_trajectory, decode_chat_messages
 
 HARNESS = "mini-swe-agent"
 
@@ -30,20 +29,12 @@ def load(path: Path) -> list[Trajectory]:
     require(looks_like(doc), path, "not a mini-swe-agent trajectory (needs 'messages', 'info')")
     sent = [m for m in doc["messages"] if not (isinstance(m, Mapping) and m.get("role") == "exit")]
     messages = decode_chat_messages(sent, path)
-    native = any(m.role == "tool" for m in messages)
     info = doc.get("info") if isinstance(doc.get("info"), Mapping) else {}
     meta = {
         "instance_id": doc.get("instance_id"),
         "trajectory_format": doc.get("trajectory_format"),
         "exit_status": info.get("exit_status"),
     }
-    return [
-        Trajectory(
-            id=f"{HARNESS}__{stem(path)}",
-            harness=HARNESS,
-            fmt="native_tool_calls" if native else "text_actions",
-            transcript=Transcript(messages),
-            source_path=path,
-            meta={k: v for k, v in meta.items() if v is not None},
-        )
-    ]
+    return chat_trajectory(
+        HARNESS, path, messages, {k: v for k, v in meta.items() if v is not None}
+    )

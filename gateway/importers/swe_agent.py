@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import Trajectory, read_json, require, stem
-from gateway.importers.chat import decode_chat_messages
-from gateway.transcript import Message, Thinking, Transcript
+from gateway.importers.base import Trajectory, read_json, require
+from gateway.importers.chat import chat_trajectory, decode_chat_messages
+from gateway.transcript import Message, Thinking
 
 HARNESS = "swe-agent"
 
@@ -35,18 +35,9 @@ def load(path: Path) -> list[Trajectory]:
     history = [_with_call_id(h, path, i) for i, h in enumerate(doc["history"])]
     decoded = decode_chat_messages(history, path, where="history")
     messages = tuple(_with_thinking(m, h) for m, h in zip(decoded, history, strict=True))
-    native = any(m.role == "tool" for m in messages)
     info = doc.get("info") if isinstance(doc.get("info"), Mapping) else {}
-    return [
-        Trajectory(
-            id=f"{HARNESS}__{stem(path)}",
-            harness=HARNESS,
-            fmt="native_tool_calls" if native else "text_actions",
-            transcript=Transcript(messages),
-            source_path=path,
-            meta={"exit_status": info["exit_status"]} if "exit_status" in info else {},
-        )
-    ]
+    meta = {"exit_status": info["exit_status"]} if "exit_status" in info else {}
+    return chat_trajectory(HARNESS, path, messages, meta)
 
 
 def _with_call_id(raw: Any, path: Path, i: int) -> Any:
