@@ -25,12 +25,19 @@ class GatewayConfig:
     """``host:port`` of a headless service whose A records are the replicas."""
     policy: str = "sticky"
     strategy: str = "refold"
+    fold: str = "auto"
+    """ReFold's fold protocol: "auto" asks the model and stops after two ignored asks,
+    "on" asks in the system prompt from the start (the paper), "off" only deduplicates."""
     k: int = 3
     budget: int | None = None
     session_header: str = "x-session-id"
     strategy_header: str = "x-foldgate-strategy"
+    fold_header: str = "x-foldgate-fold"
     api_keys: dict[str, str] = field(default_factory=dict)
     """API key -> tenant. Empty: every request belongs to the default tenant."""
+    tenant_fold: dict[str, str] = field(default_factory=dict)
+    """Tenant -> ReFold fold mode, for tenants whose agents should not be asked (or should
+    be asked from the start); the ``x-foldgate-fold`` header overrides it per request."""
     default_tenant: str = DEFAULT_TENANT
     upstream_model: str | None = None
     """Model name sent upstream; unset: the one model the replicas serve, else the client's."""
@@ -66,7 +73,7 @@ class GatewayConfig:
 def _from_env(name: str, raw: str) -> Any:
     if name == "replicas":
         return tuple(u for u in raw.split(",") if u)
-    if name == "api_keys":
+    if name in {"api_keys", "tenant_fold"}:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts"}:
         return int(raw)

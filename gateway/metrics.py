@@ -22,6 +22,12 @@ UPSTREAM_PROMPT_TOKENS = Counter(
 )
 STUBS = Counter("foldgate_stubs_total", "Duplicate spans replaced by stubs in rendered contexts")
 FOLDS = Counter("foldgate_folded_steps_total", "Steps rendered as fold notes")
+RENDER_TOKENS = Counter(
+    "foldgate_render_tokens_total",
+    "Where the rendering's tokens went (gateway estimate): what the strategy added (protocol "
+    "text, labels, notes, its restore tool) and what its stubs and folds removed",
+    ["kind"],
+)
 RESTORES = Counter("foldgate_restores_total", "Restore calls answered inside the gateway", ["mode"])
 RENDER_SECONDS = Histogram(
     "foldgate_render_seconds",

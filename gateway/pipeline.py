@@ -13,7 +13,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway import metrics
@@ -23,12 +23,8 @@ from gateway.dialects.openai_chat import decode_reply, encode_request
 from gateway.dialects.volatile import without_volatile
 from gateway.fold import make_renderer
 from gateway.fold.cliff import Cliff
-from gateway.fold.renderer import Renderer, RenderState, estimate_tokens
-from gateway.fold.restore import (
-    parse_restore_spec,
-    restore_outputs,
-    restore_tool_schema,
-)
+from gateway.fold.renderer import Renderer, RenderState, RenderStats, estimate_tokens
+from gateway.fold.restore import parse_restore_spec, restore_outputs
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.replies import Decision, ReplyFilter
 from gateway.request_cache import Codec, DecodeCache, Decoded, MessageMemo, session_ids
@@ -57,6 +53,7 @@ class Prepared:
     session: str
     branch: int
     strategy: str
+    fold: str  # ReFold's fold mode for this request ("auto", "on", "off")
     transcript: Transcript
     history: list[Message]
     state: RenderState
@@ -66,6 +63,8 @@ class Prepared:
     # What is derived from each message (store dicts, token estimates, upstream encoding),
     # reused across the session's requests when they reuse the message objects.
     memo: MessageMemo = field(default_factory=MessageMemo)
+    # The last rendering's stats (what the strategy added and removed), for accounting.
+    stats: RenderStats = field(default_factory=RenderStats)
 
 
 class Pipeline:
@@ -94,15 +93,33 @@ class Pipeline:
         if self._accounting:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
-    def renderer(self, strategy: str) -> Renderer:
-        if strategy not in self._renderers:
+    def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
+        """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
+        config's and only matters when the strategy contains refold."""
+        fold = fold or self.config.fold
+        key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
+        if key not in self._renderers:
+            options = {"fold": fold} if "refold" in strategy.split("+") else {}
             try:
-                self._renderers[strategy] = make_renderer(
-                    strategy, k=self.config.k, budget=self.config.budget
+                self._renderers[key] = make_renderer(
+                    strategy, k=self.config.k, budget=self.config.budget, **options
                 )
             except ValueError as exc:
-                raise DialectError(str(exc), param=self.config.strategy_header) from exc
-        return self._renderers[strategy]
+                header = self.config.strategy_header
+                if "fold mode" in str(exc):
+                    header = self.config.fold_header
+                raise DialectError(str(exc), param=header) from exc
+        return self._renderers[key]
+
+    def pressure(self) -> float:
+        """KV pressure for pricing ReFold's rewrites: the mean ``kv_cache_usage_perc`` of the
+        healthy replicas (the session's own replica is chosen after rendering)."""
+        usages = [
+            r.metrics.kv_cache_usage
+            for r in self.pool.healthy()
+            if r.metrics is not None and r.metrics.kv_cache_usage is not None
+        ]
+        return sum(usages) / len(usages) if usages else 0.0
 
     def decode(self, codec: Codec, body: Any, headers: Mapping[str, str]) -> Decoded:
         """A client's request body decoded (volatile markers dropped), for ``prepare``; only
@@ -130,7 +147,12 @@ class Pipeline:
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy
-        self.renderer(strategy)
+        fold = (
+            headers.get(self.config.fold_header)
+            or self.config.tenant_fold.get(tenant)
+            or self.config.fold
+        )
+        self.renderer(strategy, fold)
         stored = await self.store.ingest(tenant, session, request.stored)
         history, restored = await self._history(tenant, session, stored.branch_id, transcript)
         return Prepared(
@@ -138,6 +160,7 @@ class Pipeline:
             session=session,
             branch=stored.branch_id,
             strategy=strategy,
+            fold=fold,
             transcript=transcript,
             history=history,
             state=RenderState(restored=frozenset(restored)),
@@ -165,12 +188,12 @@ class Pipeline:
         return history, restored
 
     def render(self, prepared: Prepared) -> tuple[Transcript, int]:
-        renderer = self.renderer(prepared.strategy)
+        renderer = self.renderer(prepared.strategy, prepared.fold)
         key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
         started = time.perf_counter()
         rendered = renderer.render(
             prepared.transcript.with_messages(prepared.history),
-            prepared.state,
+            replace(prepared.state, pressure=self.pressure()),
             self._caches.get(key),
         )
         metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
@@ -178,15 +201,19 @@ class Pipeline:
         self._caches.move_to_end(key)
         while len(self._caches) > RENDER_CACHE_SESSIONS:
             self._caches.popitem(last=False)
-        metrics.STUBS.inc(rendered.stats.stubs)
-        metrics.FOLDS.inc(rendered.stats.folded_steps)
+        stats = rendered.stats
+        metrics.STUBS.inc(stats.stubs)
+        metrics.FOLDS.inc(stats.folded_steps)
+        metrics.RENDER_TOKENS.labels(kind="added").inc(stats.overhead_tokens)
+        metrics.RENDER_TOKENS.labels(kind="removed_by_stubs").inc(stats.stub_saved_tokens)
+        metrics.RENDER_TOKENS.labels(kind="removed_by_folds").inc(stats.fold_saved_tokens)
+        prepared.stats = stats
         return rendered.transcript, prepared.memo.tokens(rendered.transcript.messages)
 
     def upstream_body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
         """The rendered context as a streaming chat request for a vLLM replica."""
+        # ReFold adds its restore tool to the rendered transcript itself, once it pays.
         body = encode_request(rendered, prepared.memo.encode)
-        if body.get("tools") and "refold" in prepared.strategy.split("+"):
-            body["tools"] = [*body["tools"], restore_tool_schema()]
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if self.upstream_model:
@@ -364,6 +391,9 @@ class Pipeline:
             "upstream_prompt_tokens": prompt,
             "upstream_cached_tokens": cached,
             "restores": restores,
+            "rendered_tokens_added": prepared.stats.overhead_tokens,
+            "rendered_tokens_removed_by_stubs": prepared.stats.stub_saved_tokens,
+            "rendered_tokens_removed_by_folds": prepared.stats.fold_saved_tokens,
         }
         for _ in range(8):
             version, data = await self.store.get_state(

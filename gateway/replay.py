@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from gateway.fold.renderer import Renderer, TokenCount
 from gateway.prefix_cache import PrefixCache
-from gateway.tokens import ChatTokenizer, SessionPrompts
+from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, SessionPrompts
 from gateway.transcript import Message, Transcript
 
 # Qwen3.6-27B KV cache bytes per token. Its 64 layers are 16 x (3 Gated DeltaNet + 1 gated
@@ -89,6 +89,13 @@ class SessionRun:
     compactions: int = 0  # over the session
     stubs: int = 0  # in the final rendering
     folded_steps: int = 0  # in the final rendering
+    # Where the tokens went, summed over the requests (count_tokens units): what the strategy
+    # added, what its stubs and folds removed, and the previous prompt's tokens that a
+    # rewrite made the replica prefill again (from the first changed token to its end).
+    overhead_tokens: int = 0
+    stub_saved_tokens: int = 0
+    fold_saved_tokens: int = 0
+    reprefill_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -119,6 +126,10 @@ class StrategyTotals:
     compactions: int
     stubs: int
     folded_steps: int
+    overhead_tokens: int = 0
+    stub_saved_tokens: int = 0
+    fold_saved_tokens: int = 0
+    reprefill_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -169,6 +180,10 @@ class ReplayResult:
                     "compactions": r.compactions,
                     "stubs": r.stubs,
                     "folded_steps": r.folded_steps,
+                    "overhead_tokens": r.overhead_tokens,
+                    "stub_saved_tokens": r.stub_saved_tokens,
+                    "fold_saved_tokens": r.fold_saved_tokens,
+                    "reprefill_tokens": r.reprefill_tokens,
                     "context": r.context,
                     "cached": r.cached,
                 }
@@ -224,30 +239,46 @@ def replay_session(
     prompts = SessionPrompts(chat)
     cache: Any = None
     previous: tuple[Message, ...] | None = None
+    previous_ids: list[int] = []
     compactions_seen = 0
     for request in requests_of(trajectory.transcript, trajectory.compaction_indices):
         rendered = renderer.render(request, None, cache)
         cache = rendered.cache
         messages = rendered.transcript.messages
-        result = sim.request(prompts.prompt_ids(rendered.transcript))
+        ids = prompts.prompt_ids(rendered.transcript)
+        result = sim.request(ids)
         run.context.append(result.prompt_tokens)
         run.cached.append(result.cached_tokens)
         if previous is not None and not _is_extension(previous, messages):
             run.rewrites += 1
+            # The generation prompt closes every prompt; it is not part of what changed.
+            sent = len(previous_ids) - len(prompts.chat.text_ids(GENERATION_PROMPT))
+            run.reprefill_tokens += max(0, sent - _common_prefix(previous_ids, ids))
+        stats = rendered.stats
+        run.overhead_tokens += stats.overhead_tokens
+        run.stub_saved_tokens += stats.stub_saved_tokens
+        run.fold_saved_tokens += stats.fold_saved_tokens
         if config.budget is not None and result.prompt_tokens > config.budget:
             run.over_budget += 1
         # RenderStats counts compactions over the renderer's cache so far; the counter
         # restarts when the cache does (after a harness compaction), so add up increases.
-        stats = rendered.stats
         grown = stats.compactions - compactions_seen
         run.compactions += grown if grown >= 0 else stats.compactions
         compactions_seen = stats.compactions
         # stubs and folded steps describe this rendering: the final one describes the session
         run.stubs, run.folded_steps = stats.stubs, stats.folded_steps
-        previous = messages
+        previous, previous_ids = messages, ids
         if on_request is not None:
             on_request()
     return run
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _totals(strategy: str, runs: list[SessionRun], kv_bytes: int) -> StrategyTotals:
@@ -269,6 +300,10 @@ def _totals(strategy: str, runs: list[SessionRun], kv_bytes: int) -> StrategyTot
         compactions=sum(r.compactions for r in runs),
         stubs=sum(r.stubs for r in runs),
         folded_steps=sum(r.folded_steps for r in runs),
+        overhead_tokens=sum(r.overhead_tokens for r in runs),
+        stub_saved_tokens=sum(r.stub_saved_tokens for r in runs),
+        fold_saved_tokens=sum(r.fold_saved_tokens for r in runs),
+        reprefill_tokens=sum(r.reprefill_tokens for r in runs),
     )
 
 
@@ -291,7 +326,7 @@ def build_renderers(
     count_tokens: TokenCount = chat.message_count
     renderers = {}
     for spec in config.strategies:
-        options = {} if fold or "refold" not in spec.split("+") else {"fold": False}
+        options = {"fold": "on" if fold else "off"} if "refold" in spec.split("+") else {}
         renderers[spec] = make_renderer(
             spec, k=config.k, budget=config.budget, count_tokens=count_tokens, **options
         )

@@ -69,11 +69,37 @@ def totals_table(result: ReplayResult) -> Table:
     return table
 
 
+def accounting_table(result: ReplayResult) -> Table:
+    """Where each strategy's tokens went, summed over every request of every session.
+
+    "added" is what the strategy wrote that the harness did not send (protocol text, step
+    labels, notes, its restore tool); "stubs" and "folds" what they removed; "re-prefilled"
+    the previous prompt's tokens a rewrite made the replica compute again. Net against
+    ``base`` is removed minus added; re-prefill is paid in prefill, not prompt size.
+    """
+    table = Table(title="where the tokens go (summed over requests)", title_justify="left")
+    for header in ("strategy", "added", "removed by stubs", "removed by folds", "re-prefilled"):
+        table.add_column(header, justify="left" if header == "strategy" else "right")
+    for t in result.totals.values():
+        if t.strategy == "base":
+            continue
+        table.add_row(
+            t.strategy,
+            f"{t.overhead_tokens:,}",
+            f"{t.stub_saved_tokens:,}",
+            f"{t.fold_saved_tokens:,}",
+            f"{t.reprefill_tokens:,}",
+        )
+    return table
+
+
 def print_report(result: ReplayResult, console: Console) -> None:
     if result.tokenizer_is_estimate:
         console.print("[yellow]token counts are a bytes/4 estimate, not a real tokenizer[/]")
     console.print(result.operators_note())
     console.print(totals_table(result))
+    if any(t.strategy != "base" for t in result.totals.values()):
+        console.print(accounting_table(result))
     if result.totals.get("base") is None:
         console.print("(add 'base' to --strategy for the savings column)")
 

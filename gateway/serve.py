@@ -41,6 +41,12 @@ DEFAULT_PORT = 8080
 )
 @click.option("--strategy", help="Default context strategy: base, refold, cliff, refold+cliff, ...")
 @click.option(
+    "--fold",
+    type=click.Choice(["auto", "on", "off"]),
+    help="ReFold's fold protocol: auto (ask the model, stop after two ignored asks; default), "
+    "on (ask in the system prompt from the start), off (deduplicate only).",
+)
+@click.option(
     "--policy",
     type=click.Choice(["sticky", "round_robin", "least_loaded"]),
     help="How sessions are routed to replicas.",
@@ -70,6 +76,7 @@ def serve(
     replica_dns: str | None,
     store_url: str | None,
     strategy: str | None,
+    fold: str | None,
     policy: str | None,
     budget: int | None,
     upstream_model: str | None,
@@ -89,6 +96,7 @@ def serve(
         "replica_dns": replica_dns,
         "store_url": store_url,
         "strategy": strategy,
+        "fold": fold,
         "policy": policy,
         "budget": budget,
         "upstream_model": upstream_model,

@@ -179,20 +179,35 @@ def _part_text(part: Text | Thinking | ToolCall | Opaque) -> str:
     return ""
 
 
-def serialize_message(message: Message) -> str:
+def serialize_message(message: Message, keep_thinking: bool = True) -> str:
     """One ChatML turn, roughly as Qwen's chat template writes it.
 
-    Thinking goes in a ``<think>`` block before the reply, tool calls follow the text as
-    ``<tool_call>`` JSON, and a tool result is a user turn wrapped in ``<tool_response>``.
+    Thinking goes in a ``<think>`` block before the reply (when ``keep_thinking``: see
+    ``last_query_index``), tool calls follow the text as ``<tool_call>`` JSON, and a tool
+    result is a user turn wrapped in ``<tool_response>``.
     """
     if message.role == "tool":
         body = f"<tool_response>\n{message.text}\n</tool_response>"
         return f"<|im_start|>user\n{body}<|im_end|>\n"
     pieces: list[str] = []
-    if message.role == "assistant" and message.thinking:
+    if message.role == "assistant" and message.thinking and keep_thinking:
         pieces.append(f"<think>\n{message.thinking.strip()}\n</think>\n\n")
     pieces.append("\n".join(t for p in message.parts if (t := _part_text(p))))
     return f"<|im_start|>{message.role}\n{''.join(pieces)}<|im_end|>\n"
+
+
+def last_query_index(messages: Sequence[Message]) -> int:
+    """Index of the last user message that is a real query (not a tool result).
+
+    Qwen3's chat template (and deploy/cpu's, which the replicas use) writes the reasoning of
+    an assistant turn only when the turn comes after this message; earlier turns lose it.
+    In a tool-calling session that is the task, so reasoning stays; where observations come
+    back as user messages (text-action harnesses), every earlier reasoning is dropped.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return i
+    return -1
 
 
 def serialize_tools(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -223,8 +238,8 @@ class ChatTokenizer:
             ids = self._memo[text] = tuple(self.counter.encode(text))
         return ids
 
-    def message_ids(self, message: Message) -> tuple[int, ...]:
-        return self.text_ids(serialize_message(message))
+    def message_ids(self, message: Message, keep_thinking: bool = True) -> tuple[int, ...]:
+        return self.text_ids(serialize_message(message, keep_thinking))
 
     def message_count(self, message: Message) -> int:
         """Tokens of one turn: the ``count_tokens`` callable renderers take."""
@@ -236,8 +251,9 @@ class ChatTokenizer:
     def prompt_ids(self, transcript: Transcript) -> list[int]:
         """The full prompt: tool preamble, every turn, then the assistant generation prompt."""
         ids = list(self.tools_ids(transcript))
-        for m in transcript.messages:
-            ids.extend(self.message_ids(m))
+        query = last_query_index(transcript.messages)
+        for i, m in enumerate(transcript.messages):
+            ids.extend(self.message_ids(m, i > query))
         ids.extend(self.text_ids(GENERATION_PROMPT))
         return ids
 
@@ -258,14 +274,19 @@ class SessionPrompts:
         self.chat = chat
         self._messages: tuple[Message, ...] = ()
         self._ids: list[tuple[int, ...]] = []
+        self._keep: list[bool] = []
 
     def prompt_ids(self, transcript: Transcript) -> list[int]:
         previous, previous_ids = self._messages, self._ids
+        query = last_query_index(transcript.messages)
+        keep = [i > query for i in range(len(transcript.messages))]
         per_message = [
-            previous_ids[i] if i < len(previous) and previous[i] is m else self.chat.message_ids(m)
+            previous_ids[i]
+            if i < len(previous) and previous[i] is m and self._keep[i] == keep[i]
+            else self.chat.message_ids(m, keep[i])
             for i, m in enumerate(transcript.messages)
         ]
-        self._messages, self._ids = transcript.messages, per_message
+        self._messages, self._ids, self._keep = transcript.messages, per_message, keep
         ids = list(self.chat.tools_ids(transcript))
         for message_ids in per_message:
             ids.extend(message_ids)

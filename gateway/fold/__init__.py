@@ -108,7 +108,7 @@ def _build(
 ) -> Renderer:
     kwargs = {key: value for key, value in options.items() if key in accepted}
     if name == "refold":
-        kwargs = {"k": k, "dedup": True, "fold": True, "count_tokens": count_tokens} | kwargs
+        kwargs = {"k": k, "dedup": True, "count_tokens": count_tokens} | kwargs
     elif name == "cliff":
         kwargs = {"threshold": budget, "count_tokens": count_tokens} | kwargs
     return cls(**kwargs)

@@ -73,4 +73,8 @@ def merge_stats(first: Rendered, second: Rendered) -> RenderStats:
         reminders=a.reminders + b.reminders,
         notes=a.notes + b.notes,
         over_budget=a.over_budget or b.over_budget,
+        overhead_tokens=a.overhead_tokens + b.overhead_tokens,
+        stub_saved_tokens=a.stub_saved_tokens + b.stub_saved_tokens,
+        fold_saved_tokens=a.fold_saved_tokens + b.fold_saved_tokens,
+        rewrites=a.rewrites + b.rewrites,
     )

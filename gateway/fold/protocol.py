@@ -81,6 +81,18 @@ def accepted_stale(reply: ProtocolReply, steps: int, k: int) -> frozenset[int]:
     return frozenset(s for lo, hi in reply.stale for s in window if lo <= s <= hi)
 
 
+def ask_text(step: int) -> str:
+    """The protocol asked for at the end of one output, when the system prompt does not ask
+    (fold mode "auto"). It stays only if the model's next reply follows it."""
+    return (
+        f"[context protocol: this output is step {step}; later outputs are labelled "
+        "[step N]. Start your replies with two lines, `PROGRESS: <one line: what you learned "
+        "or did>` and `STALE: <steps you will not need to read again, e.g. 4, 6-8, or ->`, "
+        "and stale steps will be folded into a note of your PROGRESS lines; any of them can "
+        "be restored verbatim.]"
+    )
+
+
 def reminder_text(misses: int) -> str:
     """The reminder for the ``misses``-th consecutive reply without the protocol lines."""
     lines = "`PROGRESS: <one line>` and `STALE: <steps or ->`"

@@ -1,28 +1,38 @@
-"""ReFold (Su, Tian, Zhang, Kundu, 2026): reversible inter-turn context folding.
+"""ReFold (Su, Tian, Zhang, Kundu, 2026): reversible inter-turn context folding, priced.
 
-The history is never changed; only the rendering is compressed. With ``t`` steps (tool
-outputs) the boundary is ``B = max(0, k * floor((t - k) / k))``: steps below B render
-compressed (duplicates stubbed, stale steps folded), steps from B on render in full, each
-output behind a ``[step N]`` line. Choices this module makes, and why:
+The history is never changed; only the rendering is compressed. Every choice here follows
+from one fact about the serving side: the replica caches the previous request's prompt, so
+text that was already sent costs almost nothing to send again *unchanged*, and everything
+after the first changed token must be prefilled again. Hence:
 
-- Compressed steps are final. A step below B can only be marked stale by replies made
-  while it sat in the last full chunk, and all of those exist once B has passed it; its
-  PROGRESS line comes from the replies before the next step. So the compressed prefix is
-  computed once, in step order, and cached; only the open fold run at its end can grow.
-- Folding replaces tool outputs only. Assistant messages (text, thinking with signatures,
-  calls) render unchanged, so every tool message still follows its call. A run of
-  adjacent folded steps puts one note in its first output and a pointer line in the
-  others. A run may grow across a chunk edge; then the note is rewritten at that boundary
-  move (the only place where a rewrite starts before the old boundary).
-- Reminders go to the first output after the reply that omitted the protocol lines, and
-  stay there while that step renders in full: the output is final when it is added, so
-  between boundary moves the rendering only grows at its end (the prefix property).
-  Compressed steps drop their reminders. A gateway restore exchange (a reply followed by
-  a restored message) is not counted as a miss.
+- **Each output is rendered once, when it arrives, and then stays as it is** — unless a
+  priced fold rewrites it (below). Deduplication happens at arrival: a span that an earlier
+  shown output holds verbatim becomes a one-line stub naming that output (see
+  ``spans.py``). Stubbing new text invalidates nothing, so dedup never rewrites; and since
+  the first copy is never folded while a stub names it, the content stays on screen.
+- **Protocol text only while it can pay.** Fold mode ``on`` is the paper's setting: the
+  system prompt asks for ``PROGRESS``/``STALE`` lines, every output is labelled
+  ``[step N]``, and the ``restore`` tool is offered from the start. Mode ``auto`` (the
+  default) asks at the end of the newest output instead; a reply that follows it makes the
+  protocol live (the ask stays where the model read it, later outputs get labels). An ask
+  or reminder the next reply ignores disappears from the rendering: it sat at the very end
+  of the prompt, so dropping it costs no cached token. After ``MAX_ASKS`` ignored asks the
+  session renders like ``base`` plus stubs for good. Mode ``off`` never asks.
+- **Folds are priced** (``pricing.py``). With ``t`` steps the boundary is
+  ``B = max(0, k * floor((t - k) / k))``; when it moves, the steps below it that the model
+  marked stale (accepted only from replies made while the step sat in the last full chunk)
+  are candidates. Folding them saves their tokens on every later request and re-prefills
+  everything after the first changed output (and, the first time, everything after the
+  tool schemas, since that is where the ``restore`` tool is added). The fold is applied
+  when the saving, weighted by the replica's KV pressure, beats the re-prefill; otherwise
+  the candidates wait for the next boundary move, where they are priced again with more
+  requests behind them. A decision is taken as of the step that moved the boundary, so a
+  warm render and a cold one take the same decisions (for the same pressure).
+- Folding replaces tool outputs only; assistant messages render unchanged, so every tool
+  message still follows its call. A run of adjacent folded steps puts one note in its
+  first output and a pointer line in the others.
 - Restored messages (``RenderState.restored``) render verbatim, are not steps and never
-  enter the dedup index; pinned steps render in full everywhere and are never folded.
-- The system prompt gets the protocol instruction as an extra text part (a new system
-  message when there is none) when folding is on.
+  enter the dedup index; pinned steps are never stubbed or folded.
 
 The cache is updated in place and returned; it is checked against the history it was
 built for (same messages, same restored set, same parameters) and ignored when they differ.
@@ -30,12 +40,15 @@ built for (same messages, same restored set, same parameters) and ignored when t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from gateway.fold.pricing import rewrite_pays
 from gateway.fold.protocol import (
     FOLD_INSTRUCTION,
     accepted_stale,
+    ask_text,
     fold_note,
     fold_pointer,
     parse_reply,
@@ -49,10 +62,12 @@ from gateway.fold.renderer import (
     TokenCount,
     estimate_tokens,
 )
+from gateway.fold.restore import restore_tool_schema
 from gateway.fold.spans import (
     DedupIndex,
     FileView,
     dedup_output,
+    describe_producer,
     path_from_call,
     path_from_command,
     view_from_call,
@@ -60,27 +75,42 @@ from gateway.fold.spans import (
 )
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
+FOLD_MODES = ("auto", "on", "off")
+# Ignored asks after which a session in mode "auto" is never asked again.
+MAX_ASKS = 2
+
 
 def chunk_boundary(steps: int, k: int) -> int:
-    """Steps below this render compressed: ``max(0, k * floor((steps - k) / k))``."""
+    """Steps below this may be folded: ``max(0, k * floor((steps - k) / k))``."""
     return max(0, k * ((steps - k) // k))
 
 
+def fold_mode(fold: bool | str) -> str:
+    """``"auto"``, ``"on"`` or ``"off"``; ``True``/``False`` mean on/off."""
+    if fold is True or fold is False:
+        return "on" if fold else "off"
+    if fold not in FOLD_MODES:
+        raise ValueError(f"ReFold fold mode must be one of {', '.join(FOLD_MODES)}, got {fold!r}")
+    return fold
+
+
 @dataclass(slots=True)
-class _FoldRun:
-    first: int
-    last: int
-    position: int  # history position of the first output (it holds the note)
-    slot: int  # its index in the rendered prefix
-    progress: list[str | None]
+class _Note:
+    """An ask or reminder shown at the end of one output while no reply follows it."""
+
+    step: int
+    text: str
+    ask: bool
+    message: Message | None = None  # the output with the note, made once
 
 
 @dataclass(eq=False, slots=True)
 class ReFoldCache:
-    """Per-session state of ReFold: what the history holds so far and the rendered prefix."""
+    """Per-session state of ReFold: what the history holds so far and its rendering."""
 
     key: tuple[Any, ...]
     text_mode: bool
+    protocol: str  # "on", "off", "asking", "live" or "abandoned"
     seen: tuple[Message, ...] = ()
     restored: frozenset[int] = frozenset()
     # scan of the history, one entry per step
@@ -88,7 +118,6 @@ class ReFoldCache:
     step_of: dict[int, int] = field(default_factory=dict)
     producers: list[ToolCall | str | None] = field(default_factory=list)
     progress: list[str | None] = field(default_factory=list)
-    reminders: dict[int, int] = field(default_factory=dict)  # step -> consecutive misses
     stale: set[int] = field(default_factory=set)
     first_reply: int | None = None
     calls: dict[str, ToolCall] = field(default_factory=dict)
@@ -97,15 +126,25 @@ class ReFoldCache:
     replied: bool = False
     gap: list[tuple[int, bool]] = field(default_factory=list)  # replies since the last step
     misses: int = 0
-    # rendering
-    prefix: tuple[Message, ...] = ()
-    prefix_end: int = 0
-    boundary: int = 0
+    asks: int = 0
+    note: _Note | None = None
+    requests: int = 0  # replies so far: each was one model request
+    # rendering: one message per history position, and its token count
+    out: list[Message] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    head: tuple[Message, ...] = ()
     index: DedupIndex = field(default_factory=DedupIndex)
-    run: _FoldRun | None = None
-    full: dict[int, Message] = field(default_factory=dict)
+    folded: set[int] = field(default_factory=set)
+    decided: int = 0  # the boundary the last fold decision was taken at
+    restore_offered: bool = False
     stubs: int = 0
-    folded: int = 0
+    # per step: stubs in its rendering and the tokens they removed (until it is folded)
+    step_stubs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # accounting, in count_tokens units
+    overhead: int = 0
+    stub_saved: int = 0
+    fold_saved: int = 0
+    rewrites: int = 0
 
 
 class ReFold(Renderer):
@@ -115,16 +154,16 @@ class ReFold(Renderer):
         self,
         k: int = 3,
         dedup: bool = True,
-        fold: bool = True,
+        fold: bool | str = "auto",
         count_tokens: TokenCount = estimate_tokens,
     ) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"ReFold chunk size k must be a positive integer, got {k!r}")
         self.k = k
         self.dedup = dedup
-        self.fold = fold
-        # Kept for the registry's uniform signature; stub decisions are made on characters.
+        self.fold = fold_mode(fold)
         self.count_tokens = count_tokens
+        self._restore_tool_tokens = _tool_tokens(count_tokens)
 
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
@@ -136,25 +175,30 @@ class ReFold(Renderer):
         state = state or RenderState()
         c = self._usable(cache, history, state) or self._fresh(history, state)
         self._scan(c, history, state)
-        boundary = chunk_boundary(len(c.steps), self.k)
-        self._advance(c, history, state, boundary)
-        tail = [self._full(c, history, state, pos) for pos in range(c.prefix_end, len(c.seen))]
-        head: tuple[Message, ...] = ()
-        if self.fold and (not c.seen or c.seen[0].role != "system"):
-            head = (text_message("system", FOLD_INSTRUCTION),)
-        reminders = 0
-        if self.fold:
-            reminders = sum(
-                1 for pos in range(c.prefix_end, len(c.seen)) if c.step_of.get(pos) in c.reminders
-            )
+        messages = list(c.out)
+        note = self._note_message(c)
+        if note is not None:
+            messages[c.steps[c.note.step]] = note  # type: ignore[union-attr]
+        tools = history.tools
+        overhead = c.overhead
+        if c.restore_offered and tools and not c.text_mode:
+            tools = (*tools, restore_tool_schema())
+            overhead += self._restore_tool_tokens
+        if note is not None:
+            overhead += self.count_tokens(note) - c.tokens[c.steps[c.note.step]]  # type: ignore[union-attr]
         stats = RenderStats(
             steps=len(c.steps),
-            boundary=boundary,
+            boundary=chunk_boundary(len(c.steps), self.k),
             stubs=c.stubs,
-            folded_steps=c.folded,
-            reminders=reminders,
+            folded_steps=len(c.folded),
+            reminders=int(note is not None and not c.note.ask),  # type: ignore[union-attr]
+            overhead_tokens=overhead,
+            stub_saved_tokens=c.stub_saved,
+            fold_saved_tokens=c.fold_saved,
+            rewrites=c.rewrites,
         )
-        return Rendered(history.with_messages(head + c.prefix + tuple(tail)), c, stats)
+        rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
+        return Rendered(rendered, c, stats)
 
     # -- cache -------------------------------------------------------------------------
 
@@ -178,9 +222,16 @@ class ReFold(Renderer):
 
     def _fresh(self, history: Transcript, state: RenderState) -> ReFoldCache:
         text_mode = not any(m.role == "tool" for m in history.messages)
-        return ReFoldCache(key=self._key(state), text_mode=text_mode)
+        protocol = {"on": "on", "off": "off", "auto": "asking"}[self.fold]
+        c = ReFoldCache(key=self._key(state), text_mode=text_mode, protocol=protocol)
+        c.restore_offered = protocol == "on"
+        c.index.restore_hint = protocol == "on"
+        if protocol == "on" and (not history.messages or history.messages[0].role != "system"):
+            c.head = (text_message("system", FOLD_INSTRUCTION),)
+            c.overhead += self.count_tokens(c.head[0])
+        return c
 
-    # -- scan: the facts each new message adds -----------------------------------------
+    # -- scan: each new message is rendered once, as it arrives ------------------------
 
     def _scan(self, c: ReFoldCache, history: Transcript, state: RenderState) -> None:
         messages = history.messages
@@ -190,12 +241,20 @@ class ReFold(Renderer):
                 # The reply right before a restored message asked for the restore.
                 if c.gap and c.gap[-1][0] == pos - 1:
                     c.gap.pop()
+                self._put(c, pos, m)
             elif m.role == "assistant":
                 self._scan_reply(c, pos, m)
+                self._put(c, pos, m)
             elif (m.role == "tool") if not c.text_mode else _is_observation(c, m):
-                self._scan_step(c, pos, m)
+                self._scan_step(c, history, state, pos, m)
+            else:
+                self._put(c, pos, self._plain(c, pos, m))
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))
+
+    def _put(self, c: ReFoldCache, pos: int, rendered: Message) -> None:
+        c.out.append(rendered)
+        c.tokens.append(self.count_tokens(rendered))
 
     def _scan_reply(self, c: ReFoldCache, pos: int, m: Message) -> None:
         if c.first_reply is None:
@@ -204,9 +263,29 @@ class ReFold(Renderer):
             c.calls[call.id] = call
         c.last_reply = m.text
         c.replied = True
-        if not self.fold:
+        c.requests += 1
+        if c.protocol in ("off", "abandoned"):
+            c.note = None
             return
         reply = parse_reply(m.text)
+        note, c.note = c.note, None
+        if c.protocol == "asking" and reply.complete and (note is None or not note.ask):
+            c.protocol = "live"  # the model writes the lines unasked (its prompt asks it)
+        elif note is not None and note.ask:
+            if reply.complete:
+                # The model followed the ask: it stays where the model read it.
+                c.protocol = "live"
+                at = c.steps[note.step]
+                c.out[at] = self._note_message(c, note)
+                c.overhead += self.count_tokens(c.out[at]) - c.tokens[at]
+                c.tokens[at] = self.count_tokens(c.out[at])
+            else:
+                c.asks += 1
+                if c.asks >= MAX_ASKS:
+                    c.protocol = "abandoned"
+                    return
+        if c.protocol not in ("on", "live"):
+            return
         c.stale |= accepted_stale(reply, len(c.steps), self.k)
         if reply.progress is not None:
             for step in c.awaiting:
@@ -214,14 +293,14 @@ class ReFold(Renderer):
             c.awaiting.clear()
         c.gap.append((pos, reply.complete))
 
-    def _scan_step(self, c: ReFoldCache, pos: int, m: Message) -> None:
+    def _scan_step(
+        self, c: ReFoldCache, history: Transcript, state: RenderState, pos: int, m: Message
+    ) -> None:
         step = len(c.steps)
         c.steps.append(pos)
         c.step_of[pos] = step
-        if c.text_mode:
-            c.producers.append(c.last_reply)
-        else:
-            c.producers.append(c.calls.get(m.tool_call_id or ""))
+        producer = c.last_reply if c.text_mode else c.calls.get(m.tool_call_id or "")
+        c.producers.append(producer)
         c.progress.append(None)
         if c.replied:  # a PROGRESS line is only taken from the replies right after a step
             c.awaiting.clear()
@@ -230,76 +309,131 @@ class ReFold(Renderer):
         for _, complete in c.gap:
             c.misses = 0 if complete else c.misses + 1
         if c.gap and not c.gap[-1][1]:
-            c.reminders[step] = c.misses
+            c.note = _Note(step, reminder_text(c.misses), ask=False)
+        elif c.note is not None:
+            # Parallel outputs: the note moves to the newest, the end of the prompt.
+            c.note = _Note(step, c.note.text, c.note.ask)
         c.gap.clear()
-
-    # -- render ------------------------------------------------------------------------
-
-    def _advance(
-        self, c: ReFoldCache, history: Transcript, state: RenderState, boundary: int
-    ) -> None:
-        """Compress the steps that fell below the boundary and extend the cached prefix."""
-        end = c.steps[boundary] if c.steps else 0
-        if end <= c.prefix_end:
-            c.boundary = boundary
-            return
-        prefix = list(c.prefix)
-        for pos in range(c.prefix_end, end):
-            c.full.pop(pos, None)
-            m = history.messages[pos]
-            step = c.step_of.get(pos)
-            if step is None:
-                prefix.append(self._plain(pos, m, state))
-            elif self.fold and step in c.stale and step not in state.pinned:
-                self._fold(c, prefix, pos, m, step)
-            else:
-                c.run = None
-                prefix.append(self._compressed(c, m, step, state))
-        c.prefix = tuple(prefix)
-        c.prefix_end = end
-        c.boundary = boundary
-
-    def _fold(self, c: ReFoldCache, prefix: list[Message], pos: int, m: Message, step: int) -> None:
-        c.folded += 1
-        run = c.run
-        if run is not None and run.last == step - 1:
-            run.last = step
-            run.progress.append(c.progress[step])
-            prefix.append(m.with_text(f"[step {step}]\n{fold_pointer(run.first)}"))
-        else:
-            run = c.run = _FoldRun(step, step, pos, len(prefix), [c.progress[step]])
-            prefix.append(m)
-        note = fold_note(run.first, run.last, run.progress)
-        prefix[run.slot] = c.seen[run.position].with_text(f"[step {run.first}]\n{note}")
-
-    def _compressed(self, c: ReFoldCache, m: Message, step: int, state: RenderState) -> Message:
+        labelled = c.protocol in ("on", "live")
+        original = self.count_tokens(m)
         text = m.text
         if self.dedup and step not in state.pinned:
-            producer = c.producers[step]
+            c.index.restore_hint = c.restore_offered or (c.text_mode and c.protocol == "on")
+            described = describe_producer(producer)
+            if not labelled and described:
+                c.index.names[step] = f"step {step} (`{described}`)"
             text, stubs = dedup_output(
                 text, step, c.index, _path_hint(producer), _view_hint(producer)
             )
             c.stubs += stubs
-        return m.with_text(f"[step {step}]\n{text}")
+        deduped = m if text == m.text else m.with_text(text)
+        deduped_tokens = original if deduped is m else self.count_tokens(deduped)
+        if deduped is not m:
+            c.step_stubs[step] = (stubs, original - deduped_tokens)
+        c.stub_saved += original - deduped_tokens
+        rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
+        self._put(c, pos, rendered)
+        c.overhead += c.tokens[pos] - deduped_tokens
+        if c.protocol == "asking" and (c.note is None or c.note.ask):
+            c.note = _Note(step, ask_text(step), ask=True)
+        boundary = chunk_boundary(len(c.steps), self.k)
+        if boundary > c.decided:
+            if c.protocol in ("on", "live"):
+                self._decide(c, history, state, boundary, pos)
+            c.decided = boundary
 
-    def _full(self, c: ReFoldCache, history: Transcript, state: RenderState, pos: int) -> Message:
-        m = history.messages[pos]
-        step = c.step_of.get(pos)
-        if step is None:
-            return self._plain(pos, m, state)
-        rendered = c.full.get(pos)
-        if rendered is None:
-            text = f"[step {step}]\n{m.text}"
-            if self.fold and step in c.reminders:
-                text += "\n\n" + reminder_text(c.reminders[step])
-            rendered = c.full[pos] = m.with_text(text)
-        return rendered
-
-    def _plain(self, pos: int, m: Message, state: RenderState) -> Message:
+    def _plain(self, c: ReFoldCache, pos: int, m: Message) -> Message:
         """A message that is not a step: verbatim, except the protocol in the system prompt."""
-        if pos == 0 and m.role == "system" and self.fold and pos not in state.restored:
-            return replace(m, parts=(*m.parts, Text("\n\n" + FOLD_INSTRUCTION)))
+        if pos == 0 and m.role == "system" and c.protocol == "on":
+            rendered = replace(m, parts=(*m.parts, Text("\n\n" + FOLD_INSTRUCTION)))
+            c.overhead += self.count_tokens(rendered) - self.count_tokens(m)
+            return rendered
         return m
+
+    # -- the transient note --------------------------------------------------------------
+
+    def _note_message(self, c: ReFoldCache, note: _Note | None = None) -> Message | None:
+        """The output carrying the pending ask or reminder, while no reply follows it."""
+        note = note or c.note
+        if note is None:
+            return None
+        if note.message is None:
+            at = c.steps[note.step]
+            note.message = c.out[at].with_text(f"{c.out[at].text}\n\n{note.text}")
+        return note.message
+
+    # -- priced folds --------------------------------------------------------------------
+
+    def _decide(
+        self, c: ReFoldCache, history: Transcript, state: RenderState, boundary: int, now: int
+    ) -> None:
+        """Fold the stale steps below ``boundary`` if that pays, as of history position
+        ``now`` (the output that moved the boundary; what is before it was sent already)."""
+        candidates = {
+            s
+            for s in c.stale
+            if s < boundary
+            and s not in c.folded
+            and s not in state.pinned
+            and s not in c.index.sources
+        }
+        if not candidates:
+            return
+        folded = c.folded | candidates
+        changed: set[int] = set()
+        for s in candidates:
+            first, last = _run(folded, s)
+            changed.update(range(first, last + 1))
+        renders = {s: self._folded(c, history, s, folded) for s in changed}
+        at = {c.steps[s]: s for s in changed}
+        new_tokens = {pos: self.count_tokens(renders[s]) for pos, s in at.items()}
+        saved = sum(c.tokens[pos] - n for pos, n in new_tokens.items())
+        start = min(at)
+        if not c.restore_offered and history.tools and not c.text_mode:
+            # The restore tool joins the schemas: everything after them is prefilled again.
+            start = next((i for i, m in enumerate(c.out) if m.role != "system"), start)
+        reprefill = sum(new_tokens.get(pos, c.tokens[pos]) for pos in range(start, now))
+        if not c.restore_offered:
+            reprefill += self._restore_tool_tokens
+        if not rewrite_pays(saved, reprefill, c.requests, state.pressure):
+            return
+        for pos, s in at.items():
+            c.out[pos] = renders[s]
+            c.tokens[pos] = new_tokens[pos]
+        c.folded = folded
+        c.index.hidden |= candidates
+        for s in candidates:  # a folded step's stubs are gone with its text
+            stubs, stub_saved = c.step_stubs.pop(s, (0, 0))
+            c.stubs -= stubs
+            c.stub_saved -= stub_saved
+            saved += stub_saved
+        c.fold_saved += saved
+        c.rewrites += 1
+        c.restore_offered = True
+
+    def _folded(self, c: ReFoldCache, history: Transcript, step: int, folded: set[int]) -> Message:
+        first, last = _run(folded, step)
+        m = history.messages[c.steps[step]]
+        if step == first:
+            note = fold_note(first, last, [c.progress[s] for s in range(first, last + 1)])
+            return m.with_text(f"[step {first}]\n{note}")
+        return m.with_text(f"[step {step}]\n{fold_pointer(first)}")
+
+
+def _run(folded: set[int], step: int) -> tuple[int, int]:
+    """The first and last step of the run of adjacent folded steps holding ``step``."""
+    first = last = step
+    while first - 1 in folded:
+        first -= 1
+    while last + 1 in folded:
+        last += 1
+    return first, last
+
+
+def _tool_tokens(count_tokens: TokenCount) -> int:
+    schema = json.dumps(restore_tool_schema(), separators=(",", ":"))
+    empty = count_tokens(text_message("system", ""))
+    return max(0, count_tokens(text_message("system", schema)) - empty)
 
 
 def _is_observation(c: ReFoldCache, m: Message) -> bool:

@@ -37,6 +37,11 @@ class RenderState:
 
     restored: frozenset[int] = frozenset()
     pinned: frozenset[int] = frozenset()
+    # KV-cache pressure on the replica that will serve the request (vLLM's
+    # kv_cache_usage_perc, 0-1): it raises the value of a token removed from the context
+    # (see ``gateway.fold.pricing``). Not history: a rendering made under other pressure
+    # may have taken other rewrite decisions.
+    pressure: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,13 @@ class RenderStats:
     notes: tuple[str, ...] = ()
     # True when the rendering is still over the strategy's token budget (cliff's ladder ran out).
     over_budget: bool = False
+    # Where the tokens go, in ``count_tokens`` units, for this rendering: what the strategy
+    # added (protocol text, labels, notes, its tool), and what its stubs and folds removed.
+    overhead_tokens: int = 0
+    stub_saved_tokens: int = 0
+    fold_saved_tokens: int = 0
+    # Rewrites of already-sent context the strategy chose so far (each one re-prefills).
+    rewrites: int = 0
 
 
 @dataclass(frozen=True, slots=True)

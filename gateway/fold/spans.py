@@ -20,7 +20,7 @@ without line numbers, which whole-span matching never catches. The index keys ev
 The first copy always stays; only shown content enters the index (a span or output only
 while it is shown whole, lines only while not under a stub), so every stub names a step
 whose rendering holds the content. Spans shorter than ``MIN_SPAN_CHARS`` are never
-stubbed: a stub line costs ~100 characters, and below ~200 the saving is too small to be
+stubbed: a stub line costs ~100 characters, and below ~150 the saving is too small to be
 worth breaking the output's flow (and a stub must always be shorter than what it replaces).
 Line runs need ``MIN_RUN_LINES`` lines and ``MIN_RUN_CHARS`` characters, for the same reason.
 """
@@ -36,18 +36,20 @@ from typing import Any, Literal
 
 import xxhash
 
-MIN_SPAN_CHARS = 200
+MIN_SPAN_CHARS = 150
 # A stub eliding more lines than this keeps the top-level class/def lines of the content.
 LONG_STUB_LINES = 30
 MAX_SIGNATURES = 12
 
-# Repeated line runs are stubbed from MIN_RUN_LINES lines and MIN_RUN_CHARS characters. On
-# the 21 shared trajectories, thresholds 4/150, 6/300, 8/400 and 12/600 cut 4.0%, 3.7%,
-# 3.5% and 3.1% of replayed prompt tokens, at 133, 96, 86 and 71 prefix rewrites: below
-# 6/300 each extra stub saves little and costs a rewrite. SHINGLE consecutive lines key
-# the index; a run is found through any of its shingles, so it is at least that long.
-MIN_RUN_LINES = 6
-MIN_RUN_CHARS = 300
+# Repeated line runs are stubbed from MIN_RUN_LINES lines and MIN_RUN_CHARS characters: a
+# stub line costs ~100 characters, so a run must be about twice that to be worth one, and 5
+# lines is the window the duplicate limit (shared/tools/dedup_limit.py) is measured with.
+# Stubs are made when an output arrives and never rewrite the cached prefix, so the only
+# cost of a stub is its own line (when stubs were made at boundary moves, each one also
+# re-prefilled the context after it and higher thresholds were cheaper). SHINGLE
+# consecutive lines key the index; a run is found through any of its shingles.
+MIN_RUN_LINES = 5
+MIN_RUN_CHARS = 200
 SHINGLE = 4
 
 SpanKind = Literal["output", "file", "search"]
@@ -133,6 +135,16 @@ class DedupIndex:
     # Keyed by the lines themselves: exact, and no per-line hashing in Python.
     shingles: dict[tuple[str, ...], tuple[int, int]] = field(default_factory=dict)
     shown: list[_Shown] = field(default_factory=list)
+    # How a stub names a step the model cannot find by a ``[step N]`` label: the call that
+    # produced it (``step 4 (`cat setup.py`)``). Steps without an entry are named "step N".
+    names: dict[int, str] = field(default_factory=dict)
+    # Whether stubs say how to restore: only when the model has a way to (the restore tool
+    # or the text action), else the first copy, which is always shown, is the way back.
+    restore_hint: bool = True
+    # Steps some stub names: their content must stay shown (ReFold never folds them).
+    sources: set[int] = field(default_factory=set)
+    # Steps no longer shown (folded): later stubs must not name them.
+    hidden: set[int] = field(default_factory=set)
 
 
 def normalize_path(path: str) -> str:
@@ -192,6 +204,27 @@ def _call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
     if isinstance(command, list):
         command = " ".join(str(c) for c in command)
     return args, command if isinstance(command, str) else None
+
+
+def describe_producer(producer: Any) -> str | None:
+    """A short, one-line name of the call that produced an output, for the model to find it
+    by: the shell command, ``Tool path``, or the tool's name; for text actions (a reply),
+    the first line of its last code block, else its last line."""
+    if producer is None:
+        return None
+    if isinstance(producer, str):
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", producer, re.DOTALL)
+        lines = [line.strip() for line in (blocks[-1] if blocks else producer).split("\n")]
+        lines = [line for line in lines if line]
+        if not lines:
+            return None
+        text = lines[0] if blocks else lines[-1]
+    else:
+        args, command = _call_arguments(producer.arguments)
+        path = args.get("file_path") or args.get("path")
+        text = command or (f"{producer.name} {path}" if isinstance(path, str) else producer.name)
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
@@ -298,8 +331,9 @@ def dedup_output(
     first = _exact_copy(index, whole_digest, text)
     if first is not None and len(text) >= MIN_SPAN_CHARS:
         files = [s for s in spans if s.kind == "file"]
-        stub = _stub(first, text, whole, files[0] if len(files) == 1 else None)
+        stub = _stub(index, first, text, whole, files[0] if len(files) == 1 else None)
         if len(stub) < len(text):
+            index.sources.add(first)
             return stub, 1
     lines = text.split("\n")
     starts = list(itertools.accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
@@ -315,9 +349,10 @@ def dedup_output(
             source = _source_of(here, span, body)
         lo = bisect.bisect_right(starts, span.start) - 1
         hi = bisect.bisect_right(starts, span.end)
-        stub = _stub(source, body, span) if source is not None else None
+        stub = _stub(index, source, body, span) if source is not None else None
         if stub is not None and len(stub) < len(body):
             stubs[lo] = (hi, stub)
+            index.sources.add(source)  # type: ignore[arg-type]
             self_stub = self_stub or source == step
             continue
         kept.append((span, lo, hi))
@@ -369,7 +404,7 @@ def _exact_copy(index: DedupIndex, key: int, body: str) -> int | None:
     if entry is None:
         return None
     step, source, start, end = entry
-    return step if source[start:end] == body else None
+    return step if source[start:end] == body and step not in index.hidden else None
 
 
 def _source_of(index: DedupIndex, span: Span, body: str) -> int | None:
@@ -380,13 +415,21 @@ def _source_of(index: DedupIndex, span: Span, body: str) -> int | None:
     if step is not None or span.kind != "file" or not span.path:
         return step
     for shown_step, first, codes in reversed(index.ranges.get(span.path, ())):
+        if shown_step in index.hidden:
+            continue
         lo = span.first_line - first
         if lo >= 0 and codes[lo : lo + len(span.codes)] == span.codes:
             return shown_step
     return None
 
 
-def _stub(source: int, body: str, span: Span, file_span: Span | None = None) -> str:
+def step_name(index: DedupIndex, step: int) -> str:
+    return index.names.get(step) or f"step {step}"
+
+
+def _stub(
+    index: DedupIndex, source: int, body: str, span: Span, file_span: Span | None = None
+) -> str:
     """One line naming where the content is shown, plus signatures for long content."""
     if span.kind == "file":
         where = f"{span.path} lines" if span.path else "numbered lines"
@@ -402,7 +445,8 @@ def _stub(source: int, body: str, span: Span, file_span: Span | None = None) -> 
         what = f"this entire output ({span.line_count} lines)"
     signatures = _signatures(body, span) if span.line_count > LONG_STUB_LINES else []
     kept = f"; {len(signatures)} top-level definitions kept below" if signatures else ""
-    head = f"[duplicate of step {source}: {what}{kept} — restore {source} to see it again]"
+    restore = f" — restore {source} to see it again" if index.restore_hint else ""
+    head = f"[duplicate of {step_name(index, source)}: {what}{kept}{restore}]"
     return "\n".join([head, *signatures])
 
 
@@ -437,6 +481,9 @@ def _find_runs(
                 i += 1
                 continue
             source = shown[hit[0]]
+            if source.step in index.hidden:
+                i += 1
+                continue
             offset, theirs = hit[1], source.lines
             end = i + SHINGLE
             limit = min(hi, i + len(theirs) - offset)
@@ -445,17 +492,24 @@ def _find_runs(
             start = i
             while start > floor and offset > 0 and theirs[offset - 1] == lines[start - 1]:
                 start, offset = start - 1, offset - 1
-            stub = _run_stub(lines, start, end, source, offset, step)
+            stub = _run_stub(index, lines, start, end, source, offset, step)
             if stub is None:
                 floor, i = i + 1, max(i + 1, end - SHINGLE + 1)
                 continue
             runs.append((start, end, stub))
+            index.sources.add(source.step)
             i = floor = end
     return runs
 
 
 def _run_stub(
-    lines: list[str], start: int, end: int, source: _Shown, offset: int, step: int
+    index: DedupIndex,
+    lines: list[str],
+    start: int,
+    end: int,
+    source: _Shown,
+    offset: int,
+    step: int,
 ) -> str | None:
     """The stub for ``lines[start:end]``, shown by ``source`` from its line ``offset``;
     None when the run is too small or the stub would not be shorter."""
@@ -466,7 +520,7 @@ def _run_stub(
     if size < MIN_RUN_CHARS:
         return None
     first = source.first + offset  # 0-based line of the copy in the source step's output
-    where = f"step {source.step} lines {first + 1}-{first + count}"
+    where = f"{step_name(index, source.step)} lines {first + 1}-{first + count}"
     for lo, hi, path, file_line in source.places:
         if lo <= first and first + count <= hi:
             line = file_line + first - lo
@@ -477,10 +531,8 @@ def _run_stub(
         run = lines[start:end]
         signatures = [line for line in run if _SIGNATURE.match(_code(line))][:MAX_SIGNATURES]
     kept = f"; {len(signatures)} top-level definitions kept below" if signatures else ""
-    head = (
-        f"[lines {start + 1}-{end} of this output: same as {where}{kept}"
-        f" — restore {step} to see them]"
-    )
+    restore = f" — restore {step} to see them" if index.restore_hint else ""
+    head = f"[lines {start + 1}-{end} of this output: same as {where}{kept}{restore}]"
     stub = "\n".join([head, *signatures])
     return stub if len(stub) < size else None
 
