@@ -44,7 +44,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from gateway.fold.pricing import rewrite_pays
+from gateway.fold.pricing import rewrite_pays, rewrite_value
 from gateway.fold.protocol import (
     FOLD_INSTRUCTION,
     accepted_stale,
@@ -367,46 +367,56 @@ class ReFold(Renderer):
     def _decide(
         self, c: ReFoldCache, history: Transcript, state: RenderState, boundary: int, now: int
     ) -> None:
-        """Fold the stale steps below ``boundary`` if that pays, as of history position
-        ``now`` (the output that moved the boundary; what is before it was sent already)."""
-        candidates = {
+        """Fold stale steps below ``boundary`` where that pays, as of history position
+        ``now`` (the output that moved the boundary; what is before it was sent already).
+
+        Folding a later candidate re-prefills less than folding an earlier one, so the
+        choice is the latest-starting set of candidates (all candidates from some step on)
+        whose saving beats its re-prefill by the most; earlier ones wait."""
+        candidates = sorted(
             s
             for s in c.stale
             if s < boundary
             and s not in c.folded
             and s not in state.pinned
             and s not in c.index.sources
-        }
-        if not candidates:
+        )
+        best: tuple[float, set[int], dict[int, Message], dict[int, int], int] | None = None
+        for j in range(len(candidates)):
+            chosen = set(candidates[j:])
+            folded = c.folded | chosen
+            changed: set[int] = set()
+            for s in chosen:
+                first, last = _run(folded, s)
+                changed.update(range(first, last + 1))
+            renders = {c.steps[s]: self._folded(c, history, s, folded) for s in changed}
+            tokens = {pos: self.count_tokens(m) for pos, m in renders.items()}
+            saved = sum(c.tokens[pos] - n for pos, n in tokens.items())
+            saved += sum(c.step_stubs.get(s, (0, 0))[1] for s in chosen)
+            start = min(renders)
+            if not c.restore_offered and history.tools and not c.text_mode:
+                # The restore tool joins the schemas: all after them is prefilled again.
+                start = next((i for i, m in enumerate(c.out) if m.role != "system"), start)
+            reprefill = sum(tokens.get(pos, c.tokens[pos]) for pos in range(start, now))
+            if not c.restore_offered:
+                reprefill += self._restore_tool_tokens
+            if not rewrite_pays(saved, reprefill, c.requests, state.pressure):
+                continue
+            gain = rewrite_value(saved, c.requests, state.pressure) - reprefill
+            if best is None or gain > best[0]:
+                best = (gain, chosen, renders, tokens, saved)
+        if best is None:
             return
-        folded = c.folded | candidates
-        changed: set[int] = set()
-        for s in candidates:
-            first, last = _run(folded, s)
-            changed.update(range(first, last + 1))
-        renders = {s: self._folded(c, history, s, folded) for s in changed}
-        at = {c.steps[s]: s for s in changed}
-        new_tokens = {pos: self.count_tokens(renders[s]) for pos, s in at.items()}
-        saved = sum(c.tokens[pos] - n for pos, n in new_tokens.items())
-        start = min(at)
-        if not c.restore_offered and history.tools and not c.text_mode:
-            # The restore tool joins the schemas: everything after them is prefilled again.
-            start = next((i for i, m in enumerate(c.out) if m.role != "system"), start)
-        reprefill = sum(new_tokens.get(pos, c.tokens[pos]) for pos in range(start, now))
-        if not c.restore_offered:
-            reprefill += self._restore_tool_tokens
-        if not rewrite_pays(saved, reprefill, c.requests, state.pressure):
-            return
-        for pos, s in at.items():
-            c.out[pos] = renders[s]
-            c.tokens[pos] = new_tokens[pos]
-        c.folded = folded
-        c.index.hidden |= candidates
-        for s in candidates:  # a folded step's stubs are gone with its text
+        _, chosen, renders, tokens, saved = best
+        for pos, message in renders.items():
+            c.out[pos] = message
+            c.tokens[pos] = tokens[pos]
+        c.folded |= chosen
+        c.index.hidden |= chosen
+        for s in chosen:  # a folded step's stubs are gone with its text
             stubs, stub_saved = c.step_stubs.pop(s, (0, 0))
             c.stubs -= stubs
             c.stub_saved -= stub_saved
-            saved += stub_saved
         c.fold_saved += saved
         c.rewrites += 1
         c.restore_offered = True

@@ -20,6 +20,19 @@ from tests.fold.conftest import (
 
 BIG = "\n".join(f"PASSED tests/test_mod.py::test_case_{i}" for i in range(20))
 OK = protocol("ok")
+# Full KV pressure: a fold is worth as much as a prefill, so the folds of these small
+# histories pay (the pricing itself is tested below and in test_pricing.py).
+PRESSED = RenderState(pressure=1.0)
+
+
+def paper(**options: object) -> ReFold:
+    """ReFold as the paper runs it: protocol in the system prompt, labels, restore tool."""
+    return ReFold(fold="on", **options)  # type: ignore[arg-type]
+
+
+def out(i: int) -> str:
+    """A distinct output of 20 lines (big enough that folding it pays)."""
+    return f"output {i}\n" + "\n".join(f"line {j} of output {i}, long enough" for j in range(20))
 
 
 def outputs(
@@ -58,26 +71,46 @@ def test_bad_arguments_are_named() -> None:
         ReFold().render(tool_history([]), {})  # type: ignore[arg-type]
 
 
-def test_every_step_is_labelled_and_recent_steps_are_verbatim() -> None:
+def test_every_step_is_labelled_in_the_paper_setting() -> None:
     history = tool_history(plain_turns(4))
-    assert outputs(ReFold().render(history).transcript, history) == [
+    assert outputs(paper().render(history).transcript, history) == [
         f"[step {i}]\noutput of step {i}" for i in range(4)
     ]
 
 
-def test_duplicates_are_stubbed_only_below_the_boundary() -> None:
-    turns = [turn(OK, BIG), turn(OK, "x"), turn(OK, BIG), turn(OK, "y"), turn(OK, BIG)]
-    history = tool_history(turns)  # t=5 < 2k: nothing compressed yet
-    assert outputs(ReFold().render(history).transcript, history)[2] == f"[step 2]\n{BIG}"
-    history = tool_history([*turns, turn(OK, "z")])  # t=6: B=3
-    rendered = ReFold().render(history)
+def test_duplicates_are_stubbed_when_they_arrive() -> None:
+    # Stubbing new text invalidates no cached token: no need to wait for the boundary.
+    turns = [turn(OK, BIG), turn(OK, "x"), turn(OK, BIG)]
+    history = tool_history(turns)
+    rendered = paper().render(history)
     texts = outputs(rendered.transcript, history)
     assert texts[0] == f"[step 0]\n{BIG}"
     assert texts[2] == (
         "[step 2]\n[duplicate of step 0: this entire output (20 lines) — restore 0 to see it again]"
     )
-    assert texts[4] == f"[step 4]\n{BIG}"  # above the boundary: in full
     assert rendered.stats.stubs == 1
+    tokens = rendered.stats.stub_saved_tokens
+    assert tokens > 0 and rendered.stats.fold_saved_tokens == 0
+
+
+def test_without_the_protocol_stubs_name_the_call_and_nothing_else_is_added() -> None:
+    turns = [turn("running", BIG, commands=["pytest -q"]), turn("again", BIG)]
+    history = tool_history(turns)
+    rendered = ReFold(fold="off").render(history)
+    texts = outputs(rendered.transcript, history)
+    assert texts == [BIG, "[duplicate of step 0 (`pytest -q`): this entire output (20 lines)]"]
+    assert rendered.transcript.tools == history.tools
+    assert rendered.stats.overhead_tokens == 0
+
+
+def test_a_session_refold_cannot_help_renders_exactly_like_base() -> None:
+    """No duplicates and a model that ignores the asks: after two ignored asks (each shown
+    once, at the end of the prompt) the rendering is the history itself."""
+    history = tool_history([turn("working", f"out {i}") for i in range(4)])
+    rendered = ReFold().render(history)
+    assert rendered.transcript == history
+    assert rendered.stats.overhead_tokens == 0
+    assert ReFold(fold="off").render(history).transcript == history
 
 
 def test_dedup_off_keeps_duplicates() -> None:
@@ -96,27 +129,22 @@ def test_file_range_stub_uses_the_path_of_the_call() -> None:
         *plain_turns(3),
     ]
     history = tool_history(turns)
-    texts = outputs(ReFold().render(history).transcript, history)
+    texts = outputs(paper().render(history).transcript, history)
     assert texts[2] == (
         "[step 2]\ntests:\n[duplicate of step 0: src/app.py lines 1-12 — restore 0 to see it again]"
     )
 
 
 @pytest.mark.parametrize("build", [tool_history, text_history])
-def test_overlapping_file_windows_are_stubbed_below_the_boundary(build) -> None:
+def test_overlapping_file_windows_are_stubbed(build) -> None:
     code = source_lines(80)
 
     def sed(first: int, last: int) -> Turn:
         view = "\n".join(code[first - 1 : last])
         return turn(OK, view, commands=[f"sed -n '{first},{last}p' src/app.py"])
 
-    turns = [sed(1, 40), sed(21, 60), *plain_turns(3)]
-    history = build(turns)  # t=5: nothing compressed yet
-    assert outputs(ReFold().render(history).transcript, history)[1] == (
-        "[step 1]\n" + "\n".join(code[20:60])
-    )
-    history = build([*turns, *plain_turns(1)])  # t=6: B=3
-    texts = outputs(ReFold().render(history).transcript, history)
+    history = build([sed(1, 40), sed(21, 60)])
+    texts = outputs(paper().render(history).transcript, history)
     assert texts[0] == "[step 0]\n" + "\n".join(code[:40])
     assert texts[1] == (
         "[step 1]\n[lines 1-20 of this output: same as step 0 lines 21-40 (src/app.py lines "
@@ -126,58 +154,84 @@ def test_overlapping_file_windows_are_stubbed_below_the_boundary(build) -> None:
 
 def stale_history(stale_by_reply: list[str], k: int = 3) -> Transcript:
     """Step i's output follows reply i; reply i+1 carries PROGRESS p{i} and a STALE line."""
-    turns = [turn(protocol("start", "-"), "output 0")]
+    turns = [turn(protocol("start", "-"), out(0))]
     for i, stale in enumerate(stale_by_reply):
-        turns.append(turn(protocol(f"p{i}", stale), f"output {i + 1}"))
+        turns.append(turn(protocol(f"p{i}", stale), out(i + 1)))
     return tool_history(turns)
 
 
 def test_stale_steps_fold_into_one_note_with_pointers() -> None:
     # replies made with 3..5 steps may mark 0-2 stale; B reaches 3 at t=6
     history = stale_history(["-", "-", "0-2", "-", "-"])
-    rendered = ReFold().render(history)
+    rendered = paper().render(history, PRESSED)
     texts = outputs(rendered.transcript, history)
     assert texts[0] == "[step 0]\nsteps 0-2 folded: p0 · p1 · p2 — restore 0-2 to see them again"
     assert texts[1] == "[step 1]\nfolded, see the note at step 0"
     assert texts[2] == "[step 2]\nfolded, see the note at step 0"
-    assert texts[3] == "[step 3]\noutput 3"
+    assert texts[3] == f"[step 3]\n{out(3)}"
     assert rendered.stats.folded_steps == 3
+    assert rendered.stats.rewrites == 1 and rendered.stats.fold_saved_tokens > 0
+
+
+def test_a_fold_waits_until_it_pays() -> None:
+    """With KV to spare a removed token is worth a tenth of a prefilled one: folding a few
+    steps early in a long context is declined, and taken once enough requests follow."""
+    # every reply marks the step three back stale (inside the window it may name)
+    stale = ["-", "-"] + [str(i) for i in range(40)]
+    history = stale_history(stale[:5])
+    rendered = paper().render(history)  # no pressure, 6 requests: not worth it
+    assert rendered.stats.folded_steps == 0 and rendered.stats.rewrites == 0
+    assert paper().render(history, PRESSED).stats.folded_steps == 3
+    longer = stale_history(stale)  # priced again at each boundary move, with more behind
+    rendered = paper().render(longer)
+    assert 0 < rendered.stats.rewrites < 13  # 13 boundary moves, far fewer rewrites
+    assert rendered.stats.folded_steps > 30
 
 
 def test_stale_marks_outside_the_window_are_ignored() -> None:
     # reply 1 is made with t=2 (no window); reply 3 is made with t=4 (window 0-2): 4 is ignored
     history = stale_history(["0-2", "-", "1, 4", "-", "-"])
-    texts = outputs(ReFold().render(history).transcript, history)
-    assert texts[0] == "[step 0]\noutput 0"
+    texts = outputs(paper().render(history, PRESSED).transcript, history)
+    assert texts[0] == f"[step 0]\n{out(0)}"
     assert texts[1] == "[step 1]\nstep 1 folded: p1 — restore 1 to see it again"
-    assert texts[2] == "[step 2]\noutput 2"
+    assert texts[2] == f"[step 2]\n{out(2)}"
 
 
 def test_fold_runs_merge_across_a_chunk_edge_and_separate_at_gaps() -> None:
     #      t at reply:   1    2    3     4    5    6     7    8    9
     history = stale_history(["-", "-", "0,2", "-", "-", "3-4", "-", "-"])
-    texts = outputs(ReFold().render(history).transcript, history)  # t=9, B=6
+    texts = outputs(paper().render(history, PRESSED).transcript, history)  # t=9, B=6
     assert texts[0] == "[step 0]\nstep 0 folded: p0 — restore 0 to see it again"
-    assert texts[1] == "[step 1]\noutput 1"
+    assert texts[1] == f"[step 1]\n{out(1)}"
     assert texts[2] == "[step 2]\nsteps 2-4 folded: p2 · p3 · p4 — restore 2-4 to see them again"
     assert texts[3] == "[step 3]\nfolded, see the note at step 2"
     assert texts[4] == "[step 4]\nfolded, see the note at step 2"
-    assert texts[5] == "[step 5]\noutput 5"
+    assert texts[5] == f"[step 5]\n{out(5)}"
 
 
 def test_fold_off_ignores_stale_lines_and_adds_no_instruction() -> None:
     history = stale_history(["-", "-", "0-2", "-", "-"])
-    rendered = ReFold(fold=False).render(history)
-    assert outputs(rendered.transcript, history)[0] == "[step 0]\noutput 0"
+    rendered = ReFold(fold=False).render(history, PRESSED)
+    assert outputs(rendered.transcript, history)[0] == out(0)
     assert rendered.transcript.messages[0] == history.messages[0]
     assert rendered.stats.folded_steps == 0
 
 
+def test_the_restore_tool_comes_with_the_first_fold() -> None:
+    tool = {"type": "function", "function": {"name": "bash", "parameters": {}}}
+    history = replace(stale_history(["-", "-", "0-2", "-"]), tools=(tool,))  # t=5: B=0
+    assert ReFold().render(history, PRESSED).transcript.tools == (tool,)
+    longer = replace(stale_history(["-", "-", "0-2", "-", "-"]), tools=(tool,))  # t=6: B=3
+    rendered = ReFold().render(longer, PRESSED)
+    assert [t["function"]["name"] for t in rendered.transcript.tools] == ["bash", "restore"]
+    assert paper().render(history).transcript.tools[-1]["function"]["name"] == "restore"
+
+
 def test_folding_keeps_every_call_and_assistant_message() -> None:
-    turns = [turn(protocol("a"), "o0", "o1"), turn(protocol("b", "0-1"), "o2", "o3")]
-    turns += [turn(protocol("c", "2-3"), f"o{i}") for i in range(4, 9)]
+    turns = [turn(protocol("a"), out(0), out(1)), turn(protocol("b", "0-1"), out(2), out(3))]
+    turns += [turn(protocol("c", "2-3"), out(i)) for i in range(4, 9)]
     history = tool_history(turns)
-    rendered = ReFold(k=2).render(history)
+    rendered = paper(k=2).render(history, PRESSED)
     assert rendered.stats.folded_steps == 4
     for original, shown in zip(history.messages[1:], rendered.transcript.messages[1:], strict=True):
         assert shown.role == original.role and shown.tool_call_id == original.tool_call_id
@@ -186,48 +240,59 @@ def test_folding_keeps_every_call_and_assistant_message() -> None:
 
 
 def test_parallel_outputs_share_the_progress_of_the_reply_after_them() -> None:
-    turns = [turn(protocol("s"), "a", "b", "c"), turn(protocol("read three files", "0-2"), "d")]
-    turns += [turn(OK, f"e{i}") for i in range(3)]
+    turns = [turn(protocol("s"), out(0), out(1), out(2))]
+    turns += [turn(protocol("read three files", "0-2"), out(3))]
+    turns += [turn(OK, out(i)) for i in range(4, 7)]
     history = tool_history(turns)
-    texts = outputs(ReFold().render(history).transcript, history)
+    texts = outputs(paper().render(history, PRESSED).transcript, history)
     assert texts[0] == (
         "[step 0]\nsteps 0-2 folded: read three files — restore 0-2 to see them again"
     )
 
 
-def test_system_prompt_gets_the_protocol_instruction() -> None:
+def test_system_prompt_gets_the_protocol_instruction_in_the_paper_setting() -> None:
     history = tool_history(plain_turns(1))
-    system = ReFold().render(history).transcript.messages[0]
+    system = paper().render(history).transcript.messages[0]
     assert system.role == "system"
     assert system.parts[0] == history.messages[0].parts[0]
     assert system.text.endswith(FOLD_INSTRUCTION)
     bare = tool_history(plain_turns(1), system=None)
-    rendered = ReFold().render(bare).transcript
+    rendered = paper().render(bare).transcript
     assert rendered.messages[0] == text_message("system", FOLD_INSTRUCTION)
     assert rendered.messages[1:] == bare.messages[:1] + rendered.messages[2:]
+    assert ReFold().render(history).transcript.messages[0] == history.messages[0]
 
 
-def test_reminders_escalate_and_reset() -> None:
+def test_reminders_escalate_and_reset_and_show_only_on_the_newest_output() -> None:
     replies = ["no lines", "still none", protocol("ok"), "none again", "none", "none", "none"]
-    history = tool_history([turn(r, f"out {i}") for i, r in enumerate(replies)])
-    rendered = ReFold(k=10).render(history)  # large k: everything renders in full
-    texts = outputs(rendered.transcript, history)
-    assert texts[0] == "[step 0]\nout 0\n\n" + reminder_text(1)
-    assert texts[1] == "[step 1]\nout 1\n\n" + reminder_text(2)
-    assert texts[2] == "[step 2]\nout 2"
-    assert texts[3].endswith(reminder_text(1))
-    assert texts[6].endswith(reminder_text(4))
-    assert rendered.stats.reminders == 6
+    levels = [1, 2, None, 1, 2, 3, 4]
+    turns = [turn(r, f"out {i}") for i, r in enumerate(replies)]
+    for n, level in enumerate(levels, start=1):
+        history = tool_history(turns[:n])
+        rendered = paper(k=10).render(history)
+        texts = outputs(rendered.transcript, history)
+        assert texts[:-1] == [f"[step {i}]\nout {i}" for i in range(n - 1)]
+        newest = f"[step {n - 1}]\nout {n - 1}"
+        assert texts[-1] == (newest if level is None else f"{newest}\n\n{reminder_text(level)}")
+        assert rendered.stats.reminders == (level is not None)
     assert ReFold(k=10, fold=False).render(history).stats.reminders == 0
 
 
-def test_reminders_stay_on_their_step_so_the_prefix_only_grows() -> None:
-    turns = [turn("no lines", "out 0"), turn("no lines", "out 1")]
+def test_an_ask_leaves_the_rendering_when_ignored_and_stays_when_followed() -> None:
+    ignored = [turn("no lines", "out 0"), turn("no lines", "out 1"), turn("none", "out 2")]
     r = ReFold()
-    before = r.render(tool_history(turns[:1])).transcript.messages
-    after = r.render(tool_history(turns)).transcript.messages
-    assert after[: len(before)] == before
-    assert after[-1].text.endswith(reminder_text(2))
+    first = outputs(r.render(tool_history(ignored[:1])).transcript, tool_history(ignored[:1]))
+    assert first[0].startswith("out 0\n\n[context protocol: this output is step 0;")
+    two = tool_history(ignored[:2])
+    texts = outputs(r.render(two).transcript, two)
+    assert texts[0] == "out 0" and "[context protocol: this output is step 1;" in texts[1]
+    three = tool_history(ignored)  # two asks ignored: never asked again
+    assert r.render(three).transcript == three
+    followed = [turn("no lines", "out 0"), turn(protocol("read it"), "out 1"), turn(OK, "out 2")]
+    history = tool_history(followed)
+    texts = outputs(r.render(history).transcript, history)
+    assert texts[0].startswith("out 0\n\n[context protocol: this output is step 0;")
+    assert texts[1:] == ["[step 1]\nout 1", "[step 2]\nout 2"]  # live: labels from now on
 
 
 def restore_exchange(history: Transcript, reply: Message) -> tuple[Transcript, RenderState]:
@@ -246,7 +311,7 @@ def test_restored_messages_render_verbatim_and_are_not_steps_nor_misses() -> Non
     extended = Transcript(
         extended.messages + tool_history([turn(OK, BIG)], system=None).messages[1:]
     )
-    rendered = ReFold().render(extended, state)
+    rendered = paper().render(extended, state)
     restored_at = max(state.restored)
     assert rendered.transcript.messages[restored_at] == extended.messages[restored_at]
     assert rendered.stats.steps == 8
@@ -255,21 +320,24 @@ def test_restored_messages_render_verbatim_and_are_not_steps_nor_misses() -> Non
 
 
 def test_pinned_steps_render_in_full() -> None:
-    history = tool_history([turn(protocol("a", "0-2"), BIG)] * 7)
-    state = RenderState(pinned=frozenset({1}))
-    texts = outputs(ReFold().render(history, state).transcript, history)
-    assert texts[1] == f"[step 1]\n{BIG}"
+    history = tool_history([turn(protocol("a", "0-2"), out(i)) for i in range(7)])
+    state = RenderState(pinned=frozenset({1}), pressure=1.0)
+    texts = outputs(paper().render(history, state).transcript, history)
+    assert texts[1] == f"[step 1]\n{out(1)}"
     assert "folded" in texts[0] and "folded" in texts[2]
 
 
 def test_text_action_transcripts_fold_and_dedup() -> None:
-    turns = [turn(protocol("look", "-"), BIG)]
-    turns += [turn(protocol(f"p{i}", "0-1" if i == 2 else "-"), BIG) for i in range(8)]
+    turns = [turn(protocol("look", "-"), out(0))]
+    turns += [
+        turn(protocol(f"p{i}", "0-1" if i == 2 else "-"), out(1) if i == 0 else BIG)
+        for i in range(8)
+    ]
     history = text_history(turns)
-    rendered = ReFold().render(history)
+    rendered = paper().render(history, PRESSED)
     texts = outputs(rendered.transcript, history)
     assert texts[0] == "[step 0]\nsteps 0-1 folded: p0 · p1 — restore 0-1 to see them again"
-    # folded steps show nothing, so the first visible copy is step 2's
+    # the first copy stays shown while a stub names it
     assert texts[2] == f"[step 2]\n{BIG}"
     assert texts[3] == (
         "[step 3]\n[duplicate of step 2: this entire output (20 lines) — restore 2 to see it again]"
@@ -346,5 +414,12 @@ def test_progress_comes_from_the_first_reply_after_the_step_that_has_one() -> No
     rest = [turn(protocol("found it"), "output 1"), turn(OK, "output 2")]
     rest += [turn(protocol("p", "0"), "output 3"), *plain_turns(3)]
     history = Transcript(history.messages + tool_history(rest, system=None).messages[1:])
-    texts = outputs(ReFold().render(history, state).transcript, history, state)
+    state = replace(state, pressure=1.0)
+    history = Transcript(
+        tuple(
+            m.with_text(out(0)) if m.role == "tool" and m.text == "output 0" else m
+            for m in history.messages
+        )
+    )
+    texts = outputs(paper().render(history, state).transcript, history, state)
     assert texts[0] == "[step 0]\nstep 0 folded: found it — restore 0 to see it again"

@@ -46,7 +46,7 @@ def test_refold_gets_k_and_the_token_counter() -> None:
     assert (renderer.k, renderer.dedup, renderer.fold, renderer.count_tokens) == (
         5,
         True,
-        True,
+        "auto",
         tokens,
     )
     assert make_renderer("refold", dedup=False).dedup is False

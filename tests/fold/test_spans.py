@@ -251,8 +251,8 @@ def test_a_failed_command_is_not_taken_for_the_file() -> None:
 def test_runs_below_the_thresholds_stay() -> None:
     index = DedupIndex()
     dedup_output(window(1, 40), 0, index)
-    five = window(3, 7)
-    assert dedup_output("new\n" + five + "\nend", 1, index)[1] == 0
+    four = window(3, 6)  # fewer than MIN_RUN_LINES
+    assert MIN_RUN_LINES > 4 and dedup_output("new\n" + four + "\nend", 1, index)[1] == 0
     short = "\n".join(f"line {i}" for i in range(12))  # 12 lines, under MIN_RUN_CHARS
     dedup_output(short, 2, index)
     assert len(short) < MIN_RUN_CHARS and MIN_RUN_LINES <= 12

@@ -60,7 +60,10 @@ async def test_tool_restore_is_answered_inside_the_gateway(
     async with gateway_with_fake(script) as (url, fake):
         body = {"model": "m", "messages": tool_history(), "tools": TOOLS, "stream": stream}
         resp = await client.post(
-            f"{url}/v1/chat/completions", json=body, headers={"x-session-id": "s1"}
+            f"{url}/v1/chat/completions",
+            json=body,
+            # the paper's setting: the restore tool is offered from the first request
+            headers={"x-session-id": "s1", "x-foldgate-fold": "on"},
         )
         assert resp.status_code == 200, resp.text
         if stream:
