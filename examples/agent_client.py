@@ -70,13 +70,21 @@ def main() -> None:
             f"{step:>4} {row['raw']:>7} {row['rendered']:>8} {row['upstream']:>8} "
             f"{row['cached']:>7}  {raw.headers['x-foldgate-replica']}"
         )
-    saved = 1 - totals["rendered"] / totals["raw"]
     hit = totals["cached"] / totals["upstream"] if totals["upstream"] else 0.0
     print(
-        f"total: raw {totals['raw']} -> rendered {totals['rendered']} (estimated tokens, "
-        f"{saved:.0%} saved); upstream prompt tokens {totals['upstream']}, "
-        f"{hit:.0%} served from the replica's prefix cache"
+        f"total: raw {totals['raw']} -> rendered {totals['rendered']} (estimated tokens; "
+        f"{savings(totals['raw'], totals['rendered'])}); upstream prompt tokens "
+        f"{totals['upstream']}, {hit:.0%} served from the replica's prefix cache"
     )
+
+
+def savings(raw: int, rendered: int) -> str:
+    """Says "saved" only for a saving, and plainly when the rendering cost more."""
+    if rendered < raw:
+        return f"{1 - rendered / raw:.1%} saved"
+    if rendered == raw:
+        return "no saving: rendered as sent"
+    return f"no saving: the rendering is {rendered / raw - 1:.1%} larger than the history"
 
 
 if __name__ == "__main__":
