@@ -24,8 +24,9 @@ STUBS = Counter("foldgate_stubs_total", "Duplicate spans replaced by stubs in re
 FOLDS = Counter("foldgate_folded_steps_total", "Steps rendered as fold notes")
 RENDER_TOKENS = Counter(
     "foldgate_render_tokens_total",
-    "Where the rendering's tokens went (gateway estimate): what the strategy added (protocol "
-    "text, labels, notes, its restore tool) and what its stubs and folds removed",
+    "Where the rendering's tokens went (gateway estimate), summed over requests: what the "
+    "strategy added (protocol text, labels, notes, its restore tool), what its stubs and folds "
+    "removed, and the cached tokens its rewrites made the replica prefill again",
     ["kind"],
 )
 RESTORES = Counter("foldgate_restores_total", "Restore calls answered inside the gateway", ["mode"])

@@ -83,6 +83,7 @@ class Pipeline:
         self.upstream = upstream
         self._renderers: dict[str, Renderer] = {}
         self._caches: OrderedDict[tuple[str, str, int, str], Any] = OrderedDict()
+        self._reprefill: dict[tuple[str, str, int, str], int] = {}
         self.upstream_model = config.upstream_model
         self._model_discovered = False
         self._accounting: set[asyncio.Task[None]] = set()
@@ -200,13 +201,19 @@ class Pipeline:
         self._caches[key] = rendered.cache
         self._caches.move_to_end(key)
         while len(self._caches) > RENDER_CACHE_SESSIONS:
-            self._caches.popitem(last=False)
+            evicted, _ = self._caches.popitem(last=False)
+            self._reprefill.pop(evicted, None)
         stats = rendered.stats
         metrics.STUBS.inc(stats.stubs)
         metrics.FOLDS.inc(stats.folded_steps)
         metrics.RENDER_TOKENS.labels(kind="added").inc(stats.overhead_tokens)
         metrics.RENDER_TOKENS.labels(kind="removed_by_stubs").inc(stats.stub_saved_tokens)
         metrics.RENDER_TOKENS.labels(kind="removed_by_folds").inc(stats.fold_saved_tokens)
+        # Rewrites are counted once, when the session's renderer takes them.
+        reprefill = stats.reprefill_tokens - self._reprefill.get(key, 0)
+        if reprefill > 0:
+            metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
+        self._reprefill[key] = stats.reprefill_tokens
         prepared.stats = stats
         return rendered.transcript, prepared.memo.tokens(rendered.transcript.messages)
 

@@ -77,4 +77,5 @@ def merge_stats(first: Rendered, second: Rendered) -> RenderStats:
         stub_saved_tokens=a.stub_saved_tokens + b.stub_saved_tokens,
         fold_saved_tokens=a.fold_saved_tokens + b.fold_saved_tokens,
         rewrites=a.rewrites + b.rewrites,
+        reprefill_tokens=a.reprefill_tokens + b.reprefill_tokens,
     )

@@ -145,6 +145,7 @@ class ReFoldCache:
     stub_saved: int = 0
     fold_saved: int = 0
     rewrites: int = 0
+    reprefill: int = 0
 
 
 class ReFold(Renderer):
@@ -196,6 +197,7 @@ class ReFold(Renderer):
             stub_saved_tokens=c.stub_saved,
             fold_saved_tokens=c.fold_saved,
             rewrites=c.rewrites,
+            reprefill_tokens=c.reprefill,
         )
         rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
         return Rendered(rendered, c, stats)
@@ -381,7 +383,7 @@ class ReFold(Renderer):
             and s not in state.pinned
             and s not in c.index.sources
         )
-        best: tuple[float, set[int], dict[int, Message], dict[int, int], int] | None = None
+        best: tuple[float, set[int], dict[int, Message], dict[int, int], int, int] | None = None
         for j in range(len(candidates)):
             chosen = set(candidates[j:])
             folded = c.folded | chosen
@@ -404,10 +406,10 @@ class ReFold(Renderer):
                 continue
             gain = rewrite_value(saved, c.requests, state.pressure) - reprefill
             if best is None or gain > best[0]:
-                best = (gain, chosen, renders, tokens, saved)
+                best = (gain, chosen, renders, tokens, saved, reprefill)
         if best is None:
             return
-        _, chosen, renders, tokens, saved = best
+        _, chosen, renders, tokens, saved, reprefill = best
         for pos, message in renders.items():
             c.out[pos] = message
             c.tokens[pos] = tokens[pos]
@@ -419,6 +421,7 @@ class ReFold(Renderer):
             c.stub_saved -= stub_saved
         c.fold_saved += saved
         c.rewrites += 1
+        c.reprefill += reprefill
         c.restore_offered = True
 
     def _folded(self, c: ReFoldCache, history: Transcript, step: int, folded: set[int]) -> Message:

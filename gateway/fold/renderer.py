@@ -60,8 +60,10 @@ class RenderStats:
     overhead_tokens: int = 0
     stub_saved_tokens: int = 0
     fold_saved_tokens: int = 0
-    # Rewrites of already-sent context the strategy chose so far (each one re-prefills).
+    # Rewrites of already-sent context the strategy chose so far, and the tokens they made
+    # the replica prefill again (the strategy's estimate when it priced them).
     rewrites: int = 0
+    reprefill_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

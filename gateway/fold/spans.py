@@ -223,8 +223,9 @@ def describe_producer(producer: Any) -> str | None:
         args, command = _call_arguments(producer.arguments)
         path = args.get("file_path") or args.get("path")
         text = command or (f"{producer.name} {path}" if isinstance(path, str) else producer.name)
+    # Long enough to tell calls apart, short because every stub naming the step repeats it.
     text = " ".join(text.split())
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 48 else text[:45] + "..."
 
 
 def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
@@ -532,7 +533,7 @@ def _run_stub(
         signatures = [line for line in run if _SIGNATURE.match(_code(line))][:MAX_SIGNATURES]
     kept = f"; {len(signatures)} top-level definitions kept below" if signatures else ""
     restore = f" — restore {step} to see them" if index.restore_hint else ""
-    head = f"[lines {start + 1}-{end} of this output: same as {where}{kept}{restore}]"
+    head = f"[lines {start + 1}-{end}: same as {where}{kept}{restore}]"
     stub = "\n".join([head, *signatures])
     return stub if len(stub) < size else None
 

@@ -147,7 +147,7 @@ def test_overlapping_file_windows_are_stubbed(build) -> None:
     texts = outputs(paper().render(history).transcript, history)
     assert texts[0] == "[step 0]\n" + "\n".join(code[:40])
     assert texts[1] == (
-        "[step 1]\n[lines 1-20 of this output: same as step 0 lines 21-40 (src/app.py lines "
+        "[step 1]\n[lines 1-20: same as step 0 lines 21-40 (src/app.py lines "
         "21-40) — restore 1 to see them]\n" + "\n".join(code[40:60])
     )
 

@@ -36,7 +36,7 @@ _STUB = re.compile(
 )
 _LINES = re.compile(r"(?:.* )?lines (\d+)-(\d+)\)?$")
 _RUN = re.compile(
-    rf"\[lines (?P<lo>\d+)-(?P<hi>\d+) of this output: same as step (?P<step>\d+){_NAME} "
+    rf"\[lines (?P<lo>\d+)-(?P<hi>\d+): same as step (?P<step>\d+){_NAME} "
     r"lines (?P<from>\d+)-(?P<to>\d+)(?: \((?P<path>\S+) lines (?P<first>\d+)-\d+\))?"
     r"(?:; (?P<signatures>\d+) top-level definitions kept below)?"
     r"(?: — restore (?P<restore>\d+) to see them)?\]"

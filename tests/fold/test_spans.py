@@ -225,7 +225,7 @@ def test_overlapping_windows_stub_the_lines_shown_before_with_their_file_lines()
     text, count = dedup_output(minisweagent(window(21, 60)), 7, index)
     assert count == 1
     assert text == minisweagent(
-        "[lines 3-22 of this output: same as step 3 lines 23-42 (src/mod.py lines 21-40) "
+        "[lines 3-22: same as step 3 lines 23-42 (src/mod.py lines 21-40) "
         "— restore 7 to see them]\n" + window(41, 60)
     )
 
@@ -236,7 +236,7 @@ def test_without_a_known_view_the_stub_names_the_output_lines() -> None:
     text, count = dedup_output("header\n" + window(15, 24) + "\nfooter", 1, index)
     assert count == 1
     assert text == (
-        "header\n[lines 2-11 of this output: same as step 0 lines 6-15 — restore 1 to see them]"
+        "header\n[lines 2-11: same as step 0 lines 6-15 — restore 1 to see them]"
         "\nfooter"
     )
 
@@ -245,7 +245,7 @@ def test_a_failed_command_is_not_taken_for_the_file() -> None:
     index = DedupIndex()
     dedup_output(minisweagent(window(1, 20), code=1), 0, index, None, FileView("a.py", 1, 20))
     text, _ = dedup_output(window(5, 15), 1, index)
-    assert text.startswith("[lines 1-11 of this output: same as step 0 lines 7-17 —")
+    assert text.startswith("[lines 1-11: same as step 0 lines 7-17 —")
 
 
 def test_runs_below_the_thresholds_stay() -> None:
@@ -264,13 +264,13 @@ def test_a_run_never_spans_a_stub_of_its_source() -> None:
     dedup_output(window(1, 20), 0, index)
     # step 1 shows lines 21-40 but stubs 11-20 (shown by step 0)
     text, count = dedup_output(window(11, 40), 1, index)
-    assert count == 1 and text.startswith("[lines 1-10 of this output: same as step 0 lines 11-20")
+    assert count == 1 and text.startswith("[lines 1-10: same as step 0 lines 11-20")
     # 15-40 again: 15-20 come from step 0, 21-40 from step 1; no run crosses the stub
     text, count = dedup_output(window(15, 40), 2, index)
     assert count == 2
     assert text.split("\n") == [
-        "[lines 1-6 of this output: same as step 0 lines 15-20 — restore 2 to see them]",
-        "[lines 7-26 of this output: same as step 1 lines 11-30 — restore 2 to see them]",
+        "[lines 1-6: same as step 0 lines 15-20 — restore 2 to see them]",
+        "[lines 7-26: same as step 1 lines 11-30 — restore 2 to see them]",
     ]
 
 
@@ -281,9 +281,9 @@ def test_a_span_a_run_cut_into_is_not_named_as_shown_later() -> None:
     text, _ = dedup_output("again\n" + numbered(10, CODE[9:40]), 2, index, "src/mod.py")
     assert "[duplicate of step 1" not in text
     assert text.split("\n")[1:] == [
-        "[lines 2-12 of this output: same as step 0 lines 10-20 (src/mod.py lines 10-20) "
+        "[lines 2-12: same as step 0 lines 10-20 (src/mod.py lines 10-20) "
         "— restore 2 to see them]",
-        "[lines 13-32 of this output: same as step 1 lines 12-31 (src/mod.py lines 21-40) "
+        "[lines 13-32: same as step 1 lines 12-31 (src/mod.py lines 21-40) "
         "— restore 2 to see them]",
     ]
 
@@ -295,7 +295,7 @@ def test_long_runs_keep_top_level_signatures() -> None:
     lines = text.split("\n")
     assert count == 1
     assert lines[1] == (
-        "[lines 2-46 of this output: same as step 0 lines 1-45; 5 top-level definitions kept "
+        "[lines 2-46: same as step 0 lines 1-45; 5 top-level definitions kept "
         "below — restore 1 to see them]"
     )
     assert lines[2:] == [line for line in CODE[:45] if line.startswith("def ")]
