@@ -52,3 +52,21 @@ async def test_stubs_and_asks_are_counted_in_metrics_and_session_totals(
     totals = json.loads(data)
     assert totals["requests"] == 3
     assert totals["rendered_tokens_removed_by_stubs"] > 0
+
+
+async def test_folding_is_switched_per_request_and_per_tenant(gateway_with_fake, client) -> None:
+    body = {"model": "m", "messages": history(1), "tools": TOOLS}
+    async with gateway_with_fake([ScriptedReply("ok")] * 3, tenant_fold={"default": "off"}) as (
+        url,
+        fake,
+    ):
+        for headers in ({"x-session-id": "t"}, {"x-session-id": "r", "x-foldgate-fold": "auto"}):
+            resp = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+            assert resp.status_code == 200, resp.text
+        bad = await client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"x-foldgate-fold": "sometimes"}
+        )
+        sent = [r["messages"][-1]["content"] for r in fake.requests]
+    assert sent[0] == OUTPUT  # the tenant's setting: no ask
+    assert "[context protocol:" in sent[1]  # the request's header wins
+    assert bad.status_code == 400 and "x-foldgate-fold" in bad.text
