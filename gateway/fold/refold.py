@@ -254,9 +254,9 @@ class ReFold(Renderer):
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))
 
-    def _put(self, c: ReFoldCache, pos: int, rendered: Message) -> None:
+    def _put(self, c: ReFoldCache, pos: int, rendered: Message, tokens: int | None = None) -> None:
         c.out.append(rendered)
-        c.tokens.append(self.count_tokens(rendered))
+        c.tokens.append(self.count_tokens(rendered) if tokens is None else tokens)
 
     def _scan_reply(self, c: ReFoldCache, pos: int, m: Message) -> None:
         if c.first_reply is None:
@@ -334,7 +334,7 @@ class ReFold(Renderer):
             c.step_stubs[step] = (stubs, original - deduped_tokens)
         c.stub_saved += original - deduped_tokens
         rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
-        self._put(c, pos, rendered)
+        self._put(c, pos, rendered, None if labelled else deduped_tokens)
         c.overhead += c.tokens[pos] - deduped_tokens
         if c.protocol == "asking" and (c.note is None or c.note.ask):
             c.note = _Note(step, ask_text(step), ask=True)
