@@ -46,9 +46,14 @@ def chart() -> Iterator[helm.Chart]:
         yield loaded
 
 
-def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> Manifests:
+def render(
+    chart: helm.Chart,
+    values: dict[str, Any] | None = None,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> Manifests:
     """All rendered objects by (kind, name); fails on a duplicate."""
-    files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    files = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
     objects: Manifests = {}
     for path, text in files.items():
         if path.endswith("NOTES.txt"):
@@ -272,12 +277,18 @@ def test_redis_password_comes_from_a_secret_into_both_pods(
         assert env_var(redis, name)["valueFrom"]["secretKeyRef"] == ref
 
     monkeypatch.setenv("FOLDGATE_STORE_URL", url.replace("$(REDIS_PASSWORD)", password))
-    assert gateway_config(objects, tmp_path).store_url == f"redis://:{password}@{FULLNAME}-redis:6379/0"
+    assert (
+        gateway_config(objects, tmp_path).store_url
+        == f"redis://:{password}@{FULLNAME}-redis:6379/0"
+    )
 
     mine = render(chart, {"redis": {"auth": {"existingSecret": "pw", "existingSecretKey": "p"}}})
     assert ("Secret", f"{FULLNAME}-redis") not in mine
     gateway = container(mine, "Deployment", f"{FULLNAME}-gateway")
-    assert env_var(gateway, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"] == {"name": "pw", "key": "p"}
+    assert env_var(gateway, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"] == {
+        "name": "pw",
+        "key": "p",
+    }
 
 
 def test_redis_without_persistence_uses_empty_dir(chart: helm.Chart) -> None:
@@ -510,13 +521,21 @@ def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
         ({"config": {"replica_dns": "x:1"}}, "config.replica_dns conflicts with vllm.enabled"),
         ({"vllm": {"enabled": False}}, "vllm.enabled=false needs config.replicas"),
         ({"vllm": {"model": {"dir": "/elsewhere/m"}}}, "must lie under vllm.model.mountPath"),
-        ({"vllm": {"model": {"source": "image"}}}, "source=image needs vllm.model.image.repository"),
+        (
+            {"vllm": {"model": {"source": "image"}}},
+            "source=image needs vllm.model.image.repository",
+        ),
         (
             {"vllm": {"resources": {"limits": {"nvidia.com/gpu": 2}}}},
             "vllm.resources.limits must not set nvidia.com/gpu",
         ),
         (
-            {"vllm": {"accelerator": {"resourceName": "amd.com/gpu"}, "resources": {"requests": {"amd.com/gpu": 1}}}},
+            {
+                "vllm": {
+                    "accelerator": {"resourceName": "amd.com/gpu"},
+                    "resources": {"requests": {"amd.com/gpu": 1}},
+                }
+            },
             "vllm.resources.requests must not set amd.com/gpu",
         ),
         ({"redis": {"external": {"url": "cache:6379"}}}, "must start with redis://"),
@@ -530,7 +549,10 @@ def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
         ({"vllm": {"replica": 3}}, "additional properties 'replica' not allowed"),
         ({"config": {"k": "three"}}, "at '/config/k'"),
         ({"config": {"polcy": "sticky"}}, "additional properties 'polcy' not allowed"),
-        ({"vllm": {"autoscaling": {"enabled": True, "minReplicas": 5}}}, "minReplicas (5) is above"),
+        (
+            {"vllm": {"autoscaling": {"enabled": True, "minReplicas": 5}}},
+            "minReplicas (5) is above",
+        ),
         (
             {"gateway": {"mode": "rayservice", "ray": {"enabled": True}}},
             "with gateway.mode=rayservice leave it false",
