@@ -256,7 +256,8 @@ def test_redis_password_comes_from_a_secret_into_both_pods(
     chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The default: Redis requires a password that only Secrets hold. Both pods read it from
-    the environment and Kubernetes expands $(REDIS_PASSWORD) in the URL and the args."""
+    the environment; Kubernetes expands $(STORE_PASSWORD) in the gateway's URL and
+    $(REDIS_PASSWORD) in redis-server's args."""
     objects = render(chart)
     secret = objects[("Secret", f"{FULLNAME}-redis")]
     password = base64.b64decode(secret["data"]["password"]).decode()
@@ -268,15 +269,15 @@ def test_redis_password_comes_from_a_secret_into_both_pods(
     assert gateway_config(objects, tmp_path).store_url is None  # not in the ConfigMap
     names = [e["name"] for e in gateway["env"]]
     # $(VAR) expands only from variables defined earlier in the list.
-    assert names.index("REDIS_PASSWORD") < names.index("FOLDGATE_STORE_URL")
-    assert env_var(gateway, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"] == ref
+    assert names.index("STORE_PASSWORD") < names.index("FOLDGATE_STORE_URL")
+    assert env_var(gateway, "STORE_PASSWORD")["valueFrom"]["secretKeyRef"] == ref
     url = env_var(gateway, "FOLDGATE_STORE_URL")["value"]
-    assert url == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
+    assert url == f"redis://:$(STORE_PASSWORD)@{FULLNAME}-redis:6379/0"
     assert flag(redis["args"], "--requirepass") == "$(REDIS_PASSWORD)"
     for name in ("REDIS_PASSWORD", "REDISCLI_AUTH"):  # the server, and redis-cli's probes
         assert env_var(redis, name)["valueFrom"]["secretKeyRef"] == ref
 
-    monkeypatch.setenv("FOLDGATE_STORE_URL", url.replace("$(REDIS_PASSWORD)", password))
+    monkeypatch.setenv("FOLDGATE_STORE_URL", url.replace("$(STORE_PASSWORD)", password))
     assert (
         gateway_config(objects, tmp_path).store_url
         == f"redis://:{password}@{FULLNAME}-redis:6379/0"
@@ -285,7 +286,7 @@ def test_redis_password_comes_from_a_secret_into_both_pods(
     mine = render(chart, {"redis": {"auth": {"existingSecret": "pw", "existingSecretKey": "p"}}})
     assert ("Secret", f"{FULLNAME}-redis") not in mine
     gateway = container(mine, "Deployment", f"{FULLNAME}-gateway")
-    assert env_var(gateway, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"] == {
+    assert env_var(gateway, "STORE_PASSWORD")["valueFrom"]["secretKeyRef"] == {
         "name": "pw",
         "key": "p",
     }
@@ -556,6 +557,10 @@ def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
         (
             {"gateway": {"mode": "rayservice", "ray": {"enabled": True}}},
             "with gateway.mode=rayservice leave it false",
+        ),
+        (
+            {"gateway": {"mode": "rayservice"}, "fullnameOverride": "f" * 40},
+            "must be a DNS-1035 label of at most 47 characters",
         ),
         (
             {"gateway": {"mode": "rayservice"}, "redis": {"external": {"url": "redis://r:1/0"}}},

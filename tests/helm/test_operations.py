@@ -109,11 +109,11 @@ def test_rayservice_secrets_reach_serve_replicas_through_env_only(
     args = serve_config(objects, FULLNAME)["applications"][0]["args"]
     assert "store_url" not in args and "api_keys" not in args  # args beat env in the builder
     for cont in ray_containers(service):
-        assert env_var(cont, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"]["name"] == (
+        assert env_var(cont, "STORE_PASSWORD")["valueFrom"]["secretKeyRef"]["name"] == (
             f"{FULLNAME}-redis"
         )
         url = env_var(cont, "FOLDGATE_STORE_URL")["value"]
-        assert url == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
+        assert url == f"redis://:$(STORE_PASSWORD)@{FULLNAME}-redis:6379/0"
         assert env_var(cont, "FOLDGATE_API_KEYS")["valueFrom"]["secretKeyRef"]["name"] == (
             f"{FULLNAME}-api-keys"
         )
@@ -140,6 +140,27 @@ def test_rayservice_secrets_reach_serve_replicas_through_env_only(
         },
     )
     assert "gcsFaultToleranceOptions" not in no_ft[RAYSERVICE]["spec"]["rayClusterConfig"]
+
+
+@pytest.mark.parametrize("ft", [True, False])
+def test_rayservice_passes_kuberays_own_validation(chart: helm.Chart, ft: bool) -> None:
+    """The rules KubeRay's operator checks before it creates anything
+    (controllers/ray/utils/validation.go): the name leaves room for the RayCluster suffix,
+    and with GCS fault tolerance the head sets neither REDIS_PASSWORD, RAY_REDIS_ADDRESS
+    nor a redis-password start parameter."""
+    values = {
+        "gateway": {"mode": "rayservice", "rayService": {"gcsFaultTolerance": {"enabled": ft}}}
+    }
+    service = render(chart, values)[RAYSERVICE]
+    cluster = service["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    names = {e["name"] for e in head["template"]["spec"]["containers"][0]["env"]}
+
+    assert len(service["metadata"]["name"]) <= 47
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", service["metadata"]["name"])
+    assert not {"REDIS_PASSWORD", "RAY_REDIS_ADDRESS", "REDIS_USERNAME"} & names
+    assert "redis-password" not in head["rayStartParams"]
+    assert ("gcsFaultToleranceOptions" in cluster) == ft
 
 
 def test_rayservice_groups_take_their_scheduling_values(chart: helm.Chart) -> None:

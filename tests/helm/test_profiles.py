@@ -268,7 +268,7 @@ def test_no_secret_value_outside_a_secret(chart: helm.Chart, profile: str) -> No
                 if any(word in env["name"] for word in ("PASSWORD", "API_KEY", "TOKEN", "AUTH")):
                     assert "valueFrom" in env, f"{where}: {env['name']} is inline"
                 if env["name"] == "FOLDGATE_STORE_URL" and "value" in env:
-                    assert "$(REDIS_PASSWORD)@" in env["value"] or "@" not in env["value"]
+                    assert "$(STORE_PASSWORD)@" in env["value"] or "@" not in env["value"]
 
 
 def ingress_peers(policy: dict[str, Any]) -> list[dict[str, Any]]:

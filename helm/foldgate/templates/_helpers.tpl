@@ -76,7 +76,8 @@ store_url for the TOML config / Serve args; empty when it comes from the environ
 
 {{/*
 Env entries that give the gateway its store URL (and API keys) from Secrets. Kubernetes
-expands $(REDIS_PASSWORD) inside the pod, so the password is in no ConfigMap, arg or value.
+expands $(STORE_PASSWORD) inside the pod, so the password is in no ConfigMap, arg or value.
+Not REDIS_PASSWORD: KubeRay refuses that name on a head pod with GCS fault tolerance.
 */}}
 {{- define "foldgate.gatewaySecretEnv" -}}
 {{- $apiKeysSecret := include "foldgate.apiKeysSecret" . }}
@@ -88,13 +89,13 @@ expands $(REDIS_PASSWORD) inside the pod, so the password is in no ConfigMap, ar
       key: {{ $.Values.redis.external.existingSecretKey }}
 {{- end }}
 {{- if include "foldgate.redis.auth" . }}
-- name: REDIS_PASSWORD
+- name: STORE_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ include "foldgate.redis.authSecret" . }}
       key: {{ .Values.redis.auth.existingSecretKey }}
 - name: FOLDGATE_STORE_URL
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s/0" (include "foldgate.redis.address" .) | quote }}
+  value: {{ printf "redis://:$(STORE_PASSWORD)@%s/0" (include "foldgate.redis.address" .) | quote }}
 {{- end }}
 {{- if $apiKeysSecret }}
 - name: FOLDGATE_API_KEYS
