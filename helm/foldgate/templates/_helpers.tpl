@@ -218,8 +218,9 @@ replicas as FOLDGATE_* env of the Ray containers.
 Pod template of a Ray head or worker group; call with (dict "ctx" $ "group" <values> "head"
 bool). Serve replicas run here, so these pods carry the gateway's labels: the gateway
 Service, the NetworkPolicies and the PodDisruptionBudget select them as gateway pods.
-Probes are plain HTTP (GCS or Serve proxy health for readiness, the raylet's for liveness):
-KubeRay then injects none (its default exec probes need wget, which the image lacks).
+Probes are plain HTTP on the dashboard agent's unified /api/healthz (raylet, and GCS on the
+head; Ray >= 2.53) and, for worker readiness, Serve's proxy: KubeRay then injects none (its
+exec probes for older Ray need wget, which the image lacks).
 */}}
 {{- define "foldgate.rayPodTemplate" -}}
 {{- $ := .ctx }}
@@ -279,13 +280,16 @@ spec:
         - name: serve
           containerPort: {{ $rs.serve.port }}
           protocol: TCP
-      # The head is ready with its GCS (KubeRay deploys the Serve config only then); a
-      # worker once its Serve proxy answers.
+        - name: dashboard-agent
+          containerPort: 52365
+          protocol: TCP
+      # The head is ready with its raylet and GCS (KubeRay deploys the Serve config only
+      # then); a worker once its Serve proxy answers.
       readinessProbe:
         httpGet:
           {{- if .head }}
-          path: /api/gcs_healthz
-          port: dashboard
+          path: /api/healthz
+          port: dashboard-agent
           {{- else }}
           path: /-/healthz
           port: serve
@@ -296,8 +300,8 @@ spec:
         failureThreshold: 6
       livenessProbe:
         httpGet:
-          path: /api/local_raylet_healthz
-          port: 52365
+          path: /api/healthz
+          port: dashboard-agent
         initialDelaySeconds: 30
         periodSeconds: 10
         timeoutSeconds: 5
