@@ -19,6 +19,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -366,6 +367,27 @@ def test_config_values_keep_their_types(chart: helm.Chart, tmp_path: Path) -> No
     assert config.max_body_bytes == 67108864 and isinstance(config.max_body_bytes, int)
     assert config.upstream_timeout_s == 120.5
     assert config.upstream_model == 'model "quoted" \\ name'
+
+
+def test_tenant_fold_map_renders_as_a_toml_table(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(
+        chart, {"config": {"fold": "on", "tenant_fold": {"acme": "off", "team b": "auto"}}}
+    )
+    config = gateway_config(objects, tmp_path)
+    assert config.fold == "on"
+    assert config.tenant_fold == {"acme": "off", "team b": "auto"}
+
+
+def test_values_schema_knows_every_gateway_config_field() -> None:
+    """values.schema.json closes `config`; it must follow GatewayConfig as fields are added."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_values = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+    assert set(schema["properties"]["config"]["properties"]) == {
+        f.name for f in fields(GatewayConfig)
+    }
+    # values.yaml documents every field but the ones the chart fills itself.
+    chart_owned = {"store_url", "api_keys", "replicas", "replica_dns"}
+    assert set(config_values) == {f.name for f in fields(GatewayConfig)} - chart_owned
 
 
 def test_null_config_fields_keep_gateway_defaults(chart: helm.Chart, tmp_path: Path) -> None:

@@ -146,8 +146,14 @@ form (3.3554432e+07), which TOML would read as a float: whole numbers print as i
 {{- $items = append $items (include "foldgate.tomlValue" (dict "key" $.key "value" .)) }}
 {{- end }}
 {{- printf "[%s]" (join ", " $items) }}
+{{- else if kindIs "map" $v }}
+{{- $items := list }}
+{{- range $k, $item := $v }}
+{{- $items = append $items (printf "%s = %s" (toJson $k) (include "foldgate.tomlValue" (dict "key" $.key "value" $item))) }}
+{{- end }}
+{{- printf "{%s}" (join ", " $items) }}
 {{- else }}
-{{- fail (printf "config.%s: unsupported value %v (use a string, number, bool or list)" .key $v) }}
+{{- fail (printf "config.%s: unsupported value %v (use a string, number, bool, list or map)" .key $v) }}
 {{- end }}
 {{- end }}
 
