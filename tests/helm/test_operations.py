@@ -294,6 +294,26 @@ def test_dashboard_panels_query_through_a_prometheus_datasource() -> None:
                 assert "pod" in target["expr"]
 
 
+def test_metric_name_lookup_reads_selectors_and_declared_families() -> None:
+    expr = (
+        'sum by (pod) (rate(vllm:prefix_cache_hits_total{namespace="$namespace", kind="raw"}[5m]))'
+        ' / histogram_quantile(0.5, sum by (le) (rate(foldgate_render_seconds_bucket{a="b"}[1m])))'
+    )
+    assert dashboard.metric_names(expr) == {
+        "vllm:prefix_cache_hits_total",
+        "foldgate_render_seconds_bucket",
+    }
+    exposition = (
+        "# HELP moves_total m\n# TYPE moves_total counter\n"  # labelled, no sample yet
+        "# HELP lat l\n# TYPE lat histogram\n"
+        'lat_bucket{le="+Inf"} 1.0\nlat_count 1.0\nlat_sum 0.5\n'
+        "# HELP up_now u\n# TYPE up_now gauge\nup_now 1.0\n"
+    )
+    names = dashboard.exposed_names(exposition)
+    assert {"moves_total", "lat_bucket", "lat_sum", "lat_count", "up_now"} <= names
+    assert "moves" not in names and "lat" not in names
+
+
 def test_gateway_metrics_on_the_dashboard_are_registered() -> None:
     """The foldgate half without a server: every foldgate_* name the dashboard reads is
     declared by gateway.metrics or router.telemetry (the e2e check scrapes real servers)."""
