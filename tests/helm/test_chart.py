@@ -9,7 +9,9 @@ appear only when enabled. The objects are also checked against the Kubernetes AP
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +47,14 @@ def chart() -> Iterator[helm.Chart]:
         yield loaded
 
 
-def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> Manifests:
+def render(
+    chart: helm.Chart,
+    values: dict[str, Any] | None = None,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> Manifests:
     """All rendered objects by (kind, name); fails on a duplicate."""
-    files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    files = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
     objects: Manifests = {}
     for path, text in files.items():
         if path.endswith("NOTES.txt"):
@@ -108,7 +116,7 @@ VALUE_SETS = {
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_lint_is_clean(values: dict[str, Any]) -> None:
-    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=KUBE_VERSION)
     problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
     assert report["errors"] == [] and problems == []
 
@@ -116,7 +124,7 @@ def test_lint_is_clean(values: dict[str, Any]) -> None:
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_objects_match_the_kubernetes_schema(chart: helm.Chart, values: dict[str, Any]) -> None:
     for key, doc in render(chart, values).items():
-        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: no bundled schema
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # a CRD: tests/helm/crd_schemas
             continue
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -228,13 +236,14 @@ def test_probes_use_health(chart: helm.Chart) -> None:
 
 
 def test_in_release_redis_is_wired_and_durable(chart: helm.Chart, tmp_path: Path) -> None:
-    objects = render(chart)
+    objects = render(chart, {"redis": {"auth": {"enabled": False}}})
     config = gateway_config(objects, tmp_path)
     service = objects[("Service", f"{FULLNAME}-redis")]
     redis = objects[("StatefulSet", f"{FULLNAME}-redis")]
     args = container(objects, "StatefulSet", f"{FULLNAME}-redis")["args"]
 
     assert config.store_url == f"redis://{FULLNAME}-redis:6379/0"
+    assert "--requirepass" not in args
     assert selects(service, redis)
     assert service["spec"]["ports"][0]["port"] == 6379
     assert flag(args, "--appendonly") == "yes"
@@ -242,6 +251,46 @@ def test_in_release_redis_is_wired_and_durable(chart: helm.Chart, tmp_path: Path
     (claim,) = redis["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
     assert "volumes" not in redis["spec"]["template"]["spec"]
+
+
+def test_redis_password_comes_from_a_secret_into_both_pods(
+    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default: Redis requires a password that only Secrets hold. Both pods read it from
+    the environment; Kubernetes expands $(STORE_PASSWORD) in the gateway's URL and
+    $(REDIS_PASSWORD) in redis-server's args."""
+    objects = render(chart)
+    secret = objects[("Secret", f"{FULLNAME}-redis")]
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
+    redis = container(objects, "StatefulSet", f"{FULLNAME}-redis")
+    ref = {"name": f"{FULLNAME}-redis", "key": "password"}
+
+    assert len(password) == 32 and password.isalnum()
+    assert gateway_config(objects, tmp_path).store_url is None  # not in the ConfigMap
+    names = [e["name"] for e in gateway["env"]]
+    # $(VAR) expands only from variables defined earlier in the list.
+    assert names.index("STORE_PASSWORD") < names.index("FOLDGATE_STORE_URL")
+    assert env_var(gateway, "STORE_PASSWORD")["valueFrom"]["secretKeyRef"] == ref
+    url = env_var(gateway, "FOLDGATE_STORE_URL")["value"]
+    assert url == f"redis://:$(STORE_PASSWORD)@{FULLNAME}-redis:6379/0"
+    assert flag(redis["args"], "--requirepass") == "$(REDIS_PASSWORD)"
+    for name in ("REDIS_PASSWORD", "REDISCLI_AUTH"):  # the server, and redis-cli's probes
+        assert env_var(redis, name)["valueFrom"]["secretKeyRef"] == ref
+
+    monkeypatch.setenv("FOLDGATE_STORE_URL", url.replace("$(STORE_PASSWORD)", password))
+    assert (
+        gateway_config(objects, tmp_path).store_url
+        == f"redis://:{password}@{FULLNAME}-redis:6379/0"
+    )
+
+    mine = render(chart, {"redis": {"auth": {"existingSecret": "pw", "existingSecretKey": "p"}}})
+    assert ("Secret", f"{FULLNAME}-redis") not in mine
+    gateway = container(mine, "Deployment", f"{FULLNAME}-gateway")
+    assert env_var(gateway, "STORE_PASSWORD")["valueFrom"]["secretKeyRef"] == {
+        "name": "pw",
+        "key": "p",
+    }
 
 
 def test_redis_without_persistence_uses_empty_dir(chart: helm.Chart) -> None:
@@ -284,7 +333,7 @@ def test_inline_api_keys_become_a_secret_the_gateway_reads(
 
 def test_existing_api_key_secret_is_referenced_not_created(chart: helm.Chart) -> None:
     objects = render(chart, {"apiKeys": {"existingSecret": "keys", "existingSecretKey": "map"}})
-    assert not [key for key in objects if key[0] == "Secret"]
+    assert ("Secret", f"{FULLNAME}-api-keys") not in objects
     gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
     ref = env_var(gateway, "FOLDGATE_API_KEYS")["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "keys", "key": "map"}
@@ -293,7 +342,7 @@ def test_existing_api_key_secret_is_referenced_not_created(chart: helm.Chart) ->
 def test_no_api_keys_means_no_secret_and_no_env(chart: helm.Chart) -> None:
     objects = render(chart)
     gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
-    assert not [key for key in objects if key[0] == "Secret"]
+    assert ("Secret", f"{FULLNAME}-api-keys") not in objects
     assert "FOLDGATE_API_KEYS" not in {e["name"] for e in gateway["env"]}
 
 
@@ -318,6 +367,27 @@ def test_config_values_keep_their_types(chart: helm.Chart, tmp_path: Path) -> No
     assert config.max_body_bytes == 67108864 and isinstance(config.max_body_bytes, int)
     assert config.upstream_timeout_s == 120.5
     assert config.upstream_model == 'model "quoted" \\ name'
+
+
+def test_tenant_fold_map_renders_as_a_toml_table(chart: helm.Chart, tmp_path: Path) -> None:
+    objects = render(
+        chart, {"config": {"fold": "on", "tenant_fold": {"acme": "off", "team b": "auto"}}}
+    )
+    config = gateway_config(objects, tmp_path)
+    assert config.fold == "on"
+    assert config.tenant_fold == {"acme": "off", "team b": "auto"}
+
+
+def test_values_schema_knows_every_gateway_config_field() -> None:
+    """values.schema.json closes `config`; it must follow GatewayConfig as fields are added."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_values = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+    assert set(schema["properties"]["config"]["properties"]) == {
+        f.name for f in fields(GatewayConfig)
+    }
+    # values.yaml documents every field but the ones the chart fills itself.
+    chart_owned = {"store_url", "api_keys", "replicas", "replica_dns"}
+    assert set(config_values) == {f.name for f in fields(GatewayConfig)} - chart_owned
 
 
 def test_null_config_fields_keep_gateway_defaults(chart: helm.Chart, tmp_path: Path) -> None:
@@ -474,21 +544,56 @@ def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
         ({"config": {"replica_dns": "x:1"}}, "config.replica_dns conflicts with vllm.enabled"),
         ({"vllm": {"enabled": False}}, "vllm.enabled=false needs config.replicas"),
         ({"vllm": {"model": {"dir": "/elsewhere/m"}}}, "must lie under vllm.model.mountPath"),
-        ({"vllm": {"model": {"source": "s3"}}}, "vllm.model.source must be pvc or hostPath"),
+        (
+            {"vllm": {"model": {"source": "image"}}},
+            "source=image needs vllm.model.image.repository",
+        ),
         (
             {"vllm": {"resources": {"limits": {"nvidia.com/gpu": 2}}}},
             "vllm.resources.limits must not set nvidia.com/gpu",
         ),
-        ({"redis": {"appendfsync": "sometimes"}}, "redis.appendfsync must be"),
+        (
+            {
+                "vllm": {
+                    "accelerator": {"resourceName": "amd.com/gpu"},
+                    "resources": {"requests": {"amd.com/gpu": 1}},
+                }
+            },
+            "vllm.resources.requests must not set amd.com/gpu",
+        ),
         ({"redis": {"external": {"url": "cache:6379"}}}, "must start with redis://"),
         ({"apiKeys": {"keys": {"a,b": "t"}}}, "may not contain ','"),
-        ({"config": {"k": {"nested": 1}}}, "config.k: unsupported value"),
+        ({"config": {"upstream_model": {"nested": 1}}}, "at '/config/upstream_model'"),
+        # values.schema.json: a wrong type or an unknown key fails before any template runs.
+        ({"vllm": {"replicas": "two"}}, "at '/vllm/replicas': got string, want integer"),
+        ({"vllm": {"model": {"source": "s3"}}}, "at '/vllm/model/source'"),
+        ({"redis": {"appendfsync": "sometimes"}}, "at '/redis/appendfsync'"),
+        ({"gateway": {"mode": "ray"}}, "at '/gateway/mode'"),
+        ({"vllm": {"replica": 3}}, "additional properties 'replica' not allowed"),
+        ({"config": {"k": "three"}}, "at '/config/k'"),
+        ({"config": {"polcy": "sticky"}}, "additional properties 'polcy' not allowed"),
+        (
+            {"vllm": {"autoscaling": {"enabled": True, "minReplicas": 5}}},
+            "minReplicas (5) is above",
+        ),
+        (
+            {"gateway": {"mode": "rayservice", "ray": {"enabled": True}}},
+            "with gateway.mode=rayservice leave it false",
+        ),
+        (
+            {"gateway": {"mode": "rayservice"}, "fullnameOverride": "f" * 40},
+            "must be a DNS-1035 label of at most 47 characters",
+        ),
+        (
+            {"gateway": {"mode": "rayservice"}, "redis": {"external": {"url": "redis://r:1/0"}}},
+            "needs gateway.rayService.gcsFaultTolerance.redisAddress",
+        ),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(
     chart: helm.Chart, values: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(helm.HelmRenderError, match=message.replace(".", r"\.")):
+    with pytest.raises((helm.HelmRenderError, helm.HelmValuesError), match=re.escape(message)):
         render(chart, values)
 
 
