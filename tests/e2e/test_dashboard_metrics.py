@@ -1,6 +1,6 @@
-"""Every metric the Grafana dashboard queries exists: the real gateway in front of ONE real
-vLLM-CPU replica (the tiny model), both /metrics scraped after a few requests, and each
-panel's metric names looked up in what they export."""
+"""Every metric the Grafana dashboard queries exists: the real gateway in front of one real
+vLLM-CPU replica (the tiny model; one of the suite's shared replicas), both /metrics
+scraped after a few requests, and each panel's metric names looked up in what they export."""
 
 from __future__ import annotations
 
@@ -15,23 +15,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.cpu.replicas import available_cores, free_ports, start_replicas
-from tests.e2e.conftest import SERVED_NAME, tiny_model_dir  # noqa: F401  (session fixture)
+from deploy.cpu.replicas import free_ports
+from tests.e2e.conftest import SERVED_NAME
 from tests.helm import dashboard
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def one_replica(tiny_model_dir: Path) -> Iterator[str]:  # noqa: F811
-    with start_replicas(
-        1,
-        ports=free_ports(1),
-        model_dir=tiny_model_dir,
-        served_name=SERVED_NAME,
-        cores=available_cores()[:1],
-    ) as replicas:
-        yield replicas.urls[0]
+def one_replica(vllm_replicas: list[str]) -> str:
+    """One of the suite's shared replicas: the machine fits two at a time."""
+    return vllm_replicas[0]
 
 
 @pytest.fixture()
