@@ -111,11 +111,12 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
 @click.option(
     "--fold",
     type=click.Choice(FOLD_MODES),
-    default="auto",
+    default="recorded",
     show_default=True,
-    help="ReFold's fold operator: auto = on only for sessions whose replies carry "
-    "PROGRESS/STALE lines (recorded runs do not, so their replay gets no fold prompt or "
-    "reminders); on = always render the fold prompt and reminders; off = dedup only.",
+    help="ReFold's fold mode: recorded = on only for sessions whose replies carry "
+    "PROGRESS/STALE lines, else off (a recorded reply cannot answer an ask); auto = the "
+    "gateway's default (ask; an ignored ask leaves, two ignored asks stop asking); on = "
+    "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
 )
 @click.option(
     "--json",

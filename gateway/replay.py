@@ -32,7 +32,7 @@ from gateway.transcript import Message, Transcript
 MODEL_KV_BYTES_PER_TOKEN: dict[str, int] = {"qwen3.6-27b": 16 * 4 * 256 * 2 * 2}
 
 GIB = 1024**3
-FOLD_MODES = ("auto", "on", "off")
+FOLD_MODES = ("recorded", "auto", "on", "off")
 _FOLD_LINES = re.compile(r"^\s*PROGRESS:.*\n\s*STALE:", re.MULTILINE)
 
 
@@ -56,10 +56,11 @@ class ReplayConfig:
     block_size: int = 16
     cache_blocks: int | None = None
     kv_bytes_per_token: int = MODEL_KV_BYTES_PER_TOKEN["qwen3.6-27b"]
-    # ReFold's fold operator: "auto" turns it on only for sessions whose replies carry
-    # PROGRESS/STALE lines. A recorded agent never answered the fold prompt, so replaying
-    # it with fold on would add a prompt and reminders the real run never had.
-    fold: str = "auto"
+    # ReFold's fold mode. "recorded": "on" for sessions whose replies carry PROGRESS/STALE
+    # lines, else "off" — a recorded reply cannot answer an ask, so asking it measures
+    # nothing but the ask. "auto", "on", "off": ReFold's own modes, for every session
+    # ("auto" is the gateway's default: it shows what its asks cost on these runs).
+    fold: str = "recorded"
 
     def __post_init__(self) -> None:
         if self.fold not in FOLD_MODES:
@@ -150,6 +151,8 @@ class ReplayResult:
             fold = "fold off (--fold off)"
         elif self.config.fold == "on":
             fold = f"fold on in all {sessions} sessions (--fold on: fold prompt and reminders)"
+        elif self.config.fold == "auto":
+            fold = f"fold auto in all {sessions} sessions (asked; ignored asks leave)"
         elif self.fold_active:
             fold = f"fold active in {len(self.fold_active)} of {sessions} sessions"
         else:
@@ -312,21 +315,21 @@ def build_renderers(
     chat: ChatTokenizer,
     make_renderer: RendererFactory | None = None,
     *,
-    fold: bool = True,
+    fold: str = "on",
 ) -> dict[str, Renderer]:
     """One renderer per strategy (shared by all sessions: caches are kept per session).
 
     ``make_renderer(spec, k=..., budget=..., count_tokens=...)`` defaults to the registry in
     ``gateway.fold``; an unknown spec raises its ``ValueError``. Renderers count tokens with
-    ``chat`` so their budgets use the replay's tokenizer (and share its memo). ``fold=False``
-    turns ReFold's fold operator off in the specs that contain refold.
+    ``chat`` so their budgets use the replay's tokenizer (and share its memo). ``fold`` is
+    ReFold's fold mode ("auto", "on", "off") in the specs that contain refold.
     """
     if make_renderer is None:
         from gateway.fold import make_renderer
     count_tokens: TokenCount = chat.message_count
     renderers = {}
     for spec in config.strategies:
-        options = {"fold": "on" if fold else "off"} if "refold" in spec.split("+") else {}
+        options = {"fold": fold} if "refold" in spec.split("+") else {}
         renderers[spec] = make_renderer(
             spec, k=config.k, budget=config.budget, count_tokens=count_tokens, **options
         )
@@ -345,14 +348,14 @@ def replay(
     ``make_renderer`` is passed to :func:`build_renderers`; ``on_request`` is called after
     each rendered request (progress bars).
     """
-    renderer_sets: dict[bool, dict[str, Renderer]] = {}
+    renderer_sets: dict[str, dict[str, Renderer]] = {}
     runs: list[SessionRun] = []
     fold_active: list[str] = []
     for trajectory in trajectories:
-        fold = config.fold == "on" or (
-            config.fold == "auto" and carries_fold_lines(trajectory.transcript)
-        )
-        if fold:
+        fold = config.fold
+        if fold == "recorded":
+            fold = "on" if carries_fold_lines(trajectory.transcript) else "off"
+        if fold != "off":
             fold_active.append(trajectory.id)
         if fold not in renderer_sets:
             renderer_sets[fold] = build_renderers(config, chat, make_renderer, fold=fold)

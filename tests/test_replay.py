@@ -152,6 +152,11 @@ def test_fold_operator_is_off_for_recorded_replies_unless_forced() -> None:
     assert "fold on" in forced.operators_note()
     # fold on renders the fold prompt (and reminders) the recorded agent never saw
     assert forced.totals["refold"].prompt_tokens > auto.totals["refold"].prompt_tokens
+    assert forced.totals["refold"].overhead_tokens > 0 == auto.totals["refold"].overhead_tokens
+    # the gateway's default asks; the asks the recording ignores cost a little, once each
+    asked = run_replay(ReplayConfig(strategies=("base", "refold"), fold="auto"))
+    assert "fold auto" in asked.operators_note()
+    assert 0 < asked.totals["refold"].overhead_tokens < forced.totals["refold"].overhead_tokens
     assert "n/a" in run_replay(ReplayConfig(strategies=("base",))).operators_note()
 
 
