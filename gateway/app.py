@@ -20,6 +20,7 @@ from gateway.dialects.errors import DialectError, too_large
 from gateway.endpoints import ANTHROPIC, OPENAI, Endpoint
 from gateway.identity import UnknownApiKey
 from gateway.pipeline import Pipeline
+from gateway.sessions_api import sessions_router
 from gateway.upstream import UpstreamClient, UpstreamError
 from router import NoHealthyReplica, ReplicaPool, make_policy
 from store import SessionTooLarge, StoreUnavailable, open_store
@@ -122,6 +123,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         healthy = [r.url for r in pipeline.pool.healthy()]
         body = {"status": "ok" if healthy else "degraded", "healthy_replicas": healthy}
         return JSONResponse(body, status_code=200 if healthy else 503)
+
+    app.include_router(sessions_router(lambda: state["pipeline"], config))
 
     @app.get("/metrics")
     async def prometheus() -> Response:

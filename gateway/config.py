@@ -49,6 +49,8 @@ class GatewayConfig:
     assignment_ttl_s: float = 3600.0
     rehome_margin: float = 8.0
     probe_interval_s: float = 2.0
+    ui: bool = False
+    """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
@@ -77,6 +79,8 @@ def _from_env(name: str, raw: str) -> Any:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts"}:
         return int(raw)
+    if name == "ui":
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
     if name.endswith("_s") or name == "rehome_margin":
         return float(raw)
     return raw

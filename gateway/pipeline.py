@@ -8,15 +8,14 @@ client's dialect. Every reply is read upstream as a stream of OpenAI chunks.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway import metrics
+from gateway import accounting, metrics
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_reply, encode_request
@@ -32,7 +31,6 @@ from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RoutingPolicy, with_failover
 from router.replica import Replica
-from store import VersionConflict
 
 RENDER_CACHE_SESSIONS = 4096
 UNBOUNDED_TOKENS = 1 << 40
@@ -43,6 +41,25 @@ _CONTEXT_TOO_LONG = re.compile(
 
 def _context_too_long(exc: UpstreamError) -> bool:
     return exc.status == 400 and bool(_CONTEXT_TOO_LONG.search(str(exc)))
+
+
+def with_gateway_turns(
+    messages: Sequence[Message], turns: Mapping[int, Sequence[Mapping[str, Any]]]
+) -> tuple[list[Message], list[int]]:
+    """The harness's messages with the gateway's own turns (restore exchanges, stored by the
+    index of the message they follow) put back in place, and the history indices of the
+    gateway-made messages that carry restored content."""
+    history: list[Message] = []
+    restored: list[int] = []
+    for position in range(len(messages) + 1):
+        if position < len(messages):
+            history.append(messages[position])
+        for raw in turns.get(position, ()):
+            message = Message.from_dict(raw)
+            if message.role != "assistant":
+                restored.append(len(history))
+            history.append(message)
+    return history, restored
 
 
 @dataclass
@@ -63,8 +80,13 @@ class Prepared:
     # What is derived from each message (store dicts, token estimates, upstream encoding),
     # reused across the session's requests when they reuse the message objects.
     memo: MessageMemo = field(default_factory=MessageMemo)
-    # The last rendering's stats (what the strategy added and removed), for accounting.
+    # For the session's accounting: the last rendering's stats (what the strategy added and
+    # removed) and the KV pressure it was priced at, the first rendering's token estimate
+    # (the response header's figure), and the overflow ladder's retries.
     stats: RenderStats = field(default_factory=RenderStats)
+    pressure: float = 0.0
+    rendered_tokens: int = 0
+    overflow_retries: int = 0
 
 
 class Pipeline:
@@ -176,25 +198,16 @@ class Pipeline:
     ) -> tuple[list[Message], list[int]]:
         """The harness's messages with the gateway's own turns (restores) put back in place."""
         turns = (await self.store.load(tenant, session, branch, messages=False)).gateway_turns
-        history: list[Message] = []
-        restored: list[int] = []
-        for position in range(len(transcript.messages) + 1):
-            if position < len(transcript.messages):
-                history.append(transcript.messages[position])
-            for raw in turns.get(position, ()):
-                message = Message.from_dict(raw)
-                if message.role != "assistant":
-                    restored.append(len(history))
-                history.append(message)
-        return history, restored
+        return with_gateway_turns(transcript.messages, turns)
 
     def render(self, prepared: Prepared) -> tuple[Transcript, int]:
         renderer = self.renderer(prepared.strategy, prepared.fold)
         key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
         started = time.perf_counter()
+        prepared.pressure = self.pressure()
         rendered = renderer.render(
             prepared.transcript.with_messages(prepared.history),
-            replace(prepared.state, pressure=self.pressure()),
+            replace(prepared.state, pressure=prepared.pressure),
             self._caches.get(key),
         )
         metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
@@ -278,6 +291,7 @@ class Pipeline:
             if not _context_too_long(exc):
                 raise
             replica, stream, tokens = await self._open_compacted(prepared, rendered, exc)
+        prepared.rendered_tokens = tokens
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
         metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
         return replica, tokens, self._chunks(prepared, replica, stream)
@@ -291,6 +305,7 @@ class Pipeline:
         ladder = Cliff(threshold=UNBOUNDED_TOKENS).compact_for_overflow(rendered)
         for rung in ladder:
             metrics.OVERFLOW_RETRIES.inc()
+            prepared.overflow_retries += 1
             try:
                 replica, stream = await self.open(
                     prepared, self.upstream_body(prepared, rung.transcript)
@@ -300,6 +315,7 @@ class Pipeline:
                     raise
                 refusal = exc
                 continue
+            prepared.stats = rung.stats
             return replica, stream, sum(estimate_tokens(m) for m in rung.transcript.messages)
         raise refusal
 
@@ -336,7 +352,7 @@ class Pipeline:
         for out in decision.tail:
             yield out
         # Accounting is bookkeeping, not history: the client need not wait for it.
-        task = asyncio.create_task(self._account(prepared, usage, restores))
+        task = asyncio.create_task(self._account(prepared, replica, usage, restores))
         self._accounting.add(task)
         task.add_done_callback(self._accounting.discard)
 
@@ -384,7 +400,7 @@ class Pipeline:
         return "\n\n".join(parts)
 
     async def _account(
-        self, prepared: Prepared, usage: list[dict[str, Any]], restores: int
+        self, prepared: Prepared, replica: Replica, usage: list[dict[str, Any]], restores: int
     ) -> None:
         prompt = sum(u.get("prompt_tokens", 0) for u in usage)
         cached = sum(
@@ -392,31 +408,29 @@ class Pipeline:
         )
         metrics.UPSTREAM_PROMPT_TOKENS.inc(prompt)
         metrics.UPSTREAM_CACHED_TOKENS.inc(cached)
-        delta = {
-            "requests": 1,
-            "raw_tokens": prepared.raw_tokens,
-            "upstream_prompt_tokens": prompt,
-            "upstream_cached_tokens": cached,
-            "restores": restores,
-            "rendered_tokens_added": prepared.stats.overhead_tokens,
-            "rendered_tokens_removed_by_stubs": prepared.stats.stub_saved_tokens,
-            "rendered_tokens_removed_by_folds": prepared.stats.fold_saved_tokens,
-        }
-        for _ in range(8):
-            version, data = await self.store.get_state(
-                prepared.tenant, prepared.session, prepared.branch
-            )
-            totals = json.loads(data) if data else {}
-            for name, value in delta.items():
-                totals[name] = totals.get(name, 0) + value
-            try:
-                await self.store.put_state(
-                    prepared.tenant,
-                    prepared.session,
-                    prepared.branch,
-                    version,
-                    json.dumps(totals).encode(),
-                )
-                return
-            except VersionConflict:
-                await asyncio.sleep(0)
+        stats = prepared.stats
+        request = accounting.RequestRecord(
+            messages=len(prepared.transcript.messages),
+            strategy=prepared.strategy,
+            fold=prepared.fold,
+            pressure=prepared.pressure,
+            tools=accounting.tool_names(prepared.transcript.tools),
+            replica=replica.url,
+            raw_tokens=prepared.raw_tokens,
+            rendered_tokens=prepared.rendered_tokens,
+            upstream_prompt_tokens=prompt,
+            upstream_cached_tokens=cached,
+            rendered_tokens_added=stats.overhead_tokens,
+            rendered_tokens_removed_by_stubs=stats.stub_saved_tokens,
+            rendered_tokens_removed_by_folds=stats.fold_saved_tokens,
+            stubs=stats.stubs,
+            folds=stats.folded_steps,
+            rewrites=stats.rewrites,
+            compactions=stats.compactions,
+            restores=restores,
+            overflow_retries=prepared.overflow_retries,
+            at=time.time(),
+        )
+        await accounting.record(
+            self.store, prepared.tenant, prepared.session, prepared.branch, request
+        )

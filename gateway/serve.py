@@ -55,6 +55,12 @@ DEFAULT_PORT = 8080
 @click.option(
     "--upstream-model", help="Model name sent upstream (default: what the replicas serve)."
 )
+@click.option(
+    "--ui",
+    is_flag=True,
+    default=None,
+    help="Serve the inspector page at /ui (off by default; config field 'ui').",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
 @click.option(
@@ -80,6 +86,7 @@ def serve(
     policy: str | None,
     budget: int | None,
     upstream_model: str | None,
+    ui: bool | None,
     host: str,
     port: int,
     use_ray: bool,
@@ -100,6 +107,7 @@ def serve(
         "policy": policy,
         "budget": budget,
         "upstream_model": upstream_model,
+        "ui": ui,
     }
     try:
         config = GatewayConfig.load(config_path, **overrides)
@@ -112,6 +120,8 @@ def serve(
         f"foldgate on http://{host}:{port}  strategy={config.strategy} policy={config.policy} "
         f"store={config.store_url or 'sqlite (embedded)'} replicas={upstreams}"
     )
+    if config.ui:
+        click.echo(f"inspector on http://{host}:{port}/ui")
     if use_ray:
         _serve_ray(config_path, overrides, host, port, ray_replicas)
         return

@@ -1,0 +1,129 @@
+"""Per-branch accounting: what each request of a session cost and what the gateway did to it.
+
+It lives in the branch's render state (the store's versioned per-branch blob) as one JSON
+object: running totals at the top level, and ``log``, one record per request in arrival
+order. A record keeps ``messages``, the length of the history the request carried, so
+what the model saw at that request can be rendered again from the stored history, which
+never changes (``gateway.session_view``).
+
+Written after the reply (the client does not wait), with a compare-and-set loop so that
+two gateway replicas accounting the same branch at once both land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from store import SessionStore, VersionConflict
+
+CAS_ATTEMPTS = 8
+
+# Totals summed over the branch's requests.
+SUMMED = (
+    "requests",
+    "raw_tokens",
+    "rendered_tokens",
+    "upstream_prompt_tokens",
+    "upstream_cached_tokens",
+    "rendered_tokens_added",
+    "rendered_tokens_removed_by_stubs",
+    "rendered_tokens_removed_by_folds",
+    "restores",
+    "overflow_retries",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request. Token figures: ``raw``/``rendered`` are the gateway's estimates
+    (bytes/4) of what the harness sent and what went upstream; ``upstream_*`` are what the
+    replica reported (its tokenizer, its prefix cache), summed over restore attempts.
+
+    ``fold``, ``pressure`` and ``tools`` are what the rendering depended on besides the
+    history: ReFold's fold mode, the KV pressure its rewrites were priced at, and whether
+    (which) tools the request offered."""
+
+    messages: int
+    strategy: str
+    fold: str
+    pressure: float
+    tools: tuple[str, ...]
+    replica: str
+    raw_tokens: int
+    rendered_tokens: int
+    upstream_prompt_tokens: int
+    upstream_cached_tokens: int
+    # Where the tokens went in the context sent (estimates): what the strategy added
+    # (protocol text, labels, notes, its tool) and what its stubs and folds removed.
+    rendered_tokens_added: int
+    rendered_tokens_removed_by_stubs: int
+    rendered_tokens_removed_by_folds: int
+    # The rendering's own counts: stubs and folded steps in the context sent, and how many
+    # times the strategy rewrote already-sent context or compacted the history so far.
+    stubs: int
+    folds: int
+    rewrites: int
+    compactions: int
+    restores: int
+    # Smaller renderings tried after the replica refused the context as too long.
+    overflow_retries: int
+    at: float
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RequestRecord:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in raw.items() if k in known}
+        values["tools"] = tuple(values.get("tools", ()))
+        return cls(**values)
+
+
+def tool_names(tools: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The names of a request's tool schemas (OpenAI's nested or Anthropic's flat shape)."""
+    names = []
+    for tool in tools:
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        names.append(name if isinstance(name, str) else "?")
+    return tuple(names)
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    totals: dict[str, int]
+    log: tuple[RequestRecord, ...]
+
+
+def parse(data: bytes | None) -> Ledger:
+    """The ledger in a render-state blob (an empty one for a branch never accounted)."""
+    raw = json.loads(data) if data else {}
+    totals = {name: int(raw.get(name, 0)) for name in SUMMED}
+    return Ledger(totals, tuple(RequestRecord.from_dict(r) for r in raw.get("log", ())))
+
+
+async def record(
+    store: SessionStore, tenant: str, session: str, branch: int, request: RequestRecord
+) -> None:
+    """Add one request to the branch's ledger."""
+    entry = asdict(request)
+    entry["requests"] = 1
+    for _ in range(CAS_ATTEMPTS):
+        version, data = await store.get_state(tenant, session, branch)
+        state = json.loads(data) if data else {}
+        for name in SUMMED:
+            state[name] = state.get(name, 0) + entry[name]
+        state["log"] = [*state.get("log", ()), asdict(request)]
+        try:
+            await store.put_state(tenant, session, branch, version, json.dumps(state).encode())
+            return
+        except VersionConflict:
+            await asyncio.sleep(0)
+
+
+async def read(store: SessionStore, tenant: str, session: str, branch: int) -> Ledger:
+    """The branch's ledger; ``store.NotFound`` when the session or branch does not exist."""
+    _, data = await store.get_state(tenant, session, branch)
+    return parse(data)

@@ -1,0 +1,60 @@
+"""The inspector page in a real headless browser (Debian's chromium, driven by Playwright),
+over a session driven through the gateway (fake upstream: the page is what is tested).
+
+The screenshot it takes is docs/inspector.png (README shows it)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from playwright.async_api import async_playwright
+
+from tests.gateway.agent_session import SESSION, drive
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "inspector.png"
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "no chromium on PATH: scripts/test.sh installs Debian's chromium package"
+    return path
+
+
+async def test_page_shows_a_session_and_expands_a_stub(gateway_with_fake, client):
+    async with gateway_with_fake(ui=True) as (url, _fake):
+        await drive(client, url)
+        view = (await client.get(f"{url}/v1/sessions/{SESSION}/render?request=7")).json()
+        stub = next(r for r in view["rendered"] if r["kind"] == "stub")
+        original = view["history"][stub["source"]]["text"]
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            page = await browser.new_page(viewport={"width": 1500, "height": 1000})
+            await page.goto(f"{url}/ui")
+            row = page.locator(f'.session-row[data-session="{SESSION}"]')
+            await row.click()
+            # The last request is shown by default: history beside what the model saw.
+            await page.locator("#render").wait_for()
+            assert await page.locator(".msg.rendered").count() == len(view["rendered"])
+            assert await page.locator(".msg.history").count() == len(view["history"])
+            assert await page.locator(".marker.chunk-marker").count() == 1
+            assert await page.locator(".marker.cache-marker").count() == 1
+            folds = page.locator(".msg.rendered.kind-fold")
+            assert await folds.count() == view["stats"]["folded_steps"]
+            card = page.locator(f'.msg.rendered.kind-stub[data-index="{stub["index"]}"]')
+            shown = await card.locator("pre.text").inner_text()
+            assert original not in shown and "duplicate of step" in shown
+            assert await card.locator("pre.original").is_hidden()
+            await card.locator("button.expand").click()
+            expanded = card.locator("pre.original")
+            assert await expanded.is_visible()
+            assert await expanded.text_content() == original  # the exact stored text
+            await card.scroll_into_view_if_needed()
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+            # An earlier request, picked in the session's request table: nothing compressed.
+            await page.locator("#app > table tbody tr").nth(1).click()
+            await page.locator("#render h3", has_text="Request 2:").wait_for()
+            assert await page.locator(".msg.rendered.kind-stub").count() == 0
+            await browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000
