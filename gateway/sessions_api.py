@@ -104,14 +104,13 @@ def _known(session_id: str) -> str:
 
 
 def _int_param(request: Request, name: str, *, required: bool) -> int | None:
+    """A non-negative integer query parameter (``request`` numbers start at 1)."""
     raw = request.query_params.get(name)
     if raw is None:
         if required:
             raise DialectError(f"the query parameter {name}=N is required", param=name)
         return None
-    if not raw.isdigit() or (name == "request" and int(raw) < 1):
-        raise DialectError(
-            f"{name} must be a {'positive' if name == 'request' else 'non-negative'} integer, got {raw!r}",
-            param=name,
-        )
+    lowest = 1 if name == "request" else 0
+    if not raw.isdigit() or int(raw) < lowest:
+        raise DialectError(f"{name} must be an integer >= {lowest}, got {raw!r}", param=name)
     return int(raw)
