@@ -22,6 +22,7 @@ from gateway.replay import (
 )
 from gateway.report import print_report, write_plot
 from gateway.serve import serve
+from gateway.sessions_cli import sessions
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
@@ -206,3 +207,4 @@ def replay_command(
 
 
 main.add_command(serve)
+main.add_command(sessions)
