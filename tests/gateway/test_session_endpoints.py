@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from click.testing import CliRunner
+
+from gateway.cli import main
+from gateway.config import GatewayConfig
 from loadtests.fake_upstream import ScriptedReply
 from tests.gateway.agent_session import SESSION, STEPS, TOOLS, drive, history
 
@@ -126,3 +130,14 @@ async def test_bad_queries_get_openai_errors(gateway_with_fake, client):
             assert resp.json()["error"]["param"] == param
         assert (await client.get(f"{base}")).json()["id"] == "a/b"
         assert (await client.get(f"{url}/ui")).status_code == 404  # off unless enabled
+
+
+def test_the_page_is_switched_on_by_config_env_or_flag(monkeypatch, tmp_path):
+    assert GatewayConfig.load().ui is False
+    config_file = tmp_path / "gw.toml"
+    config_file.write_text("ui = true\n")
+    assert GatewayConfig.load(config_file).ui is True
+    monkeypatch.setenv("FOLDGATE_UI", "false")
+    assert GatewayConfig.load(config_file).ui is False
+    assert GatewayConfig.load(config_file, ui=True).ui is True  # what --ui passes
+    assert "--ui" in CliRunner().invoke(main, ["serve", "--help"]).output
