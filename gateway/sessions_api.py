@@ -9,8 +9,9 @@ signatures at run time.
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,7 +33,9 @@ def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> 
     """The routes; ``pipeline`` gives the app's pipeline once its lifespan started it."""
     router = APIRouter()
 
-    async def answer(request: Request, build: Callable[[str], object]) -> Response:
+    async def answer(
+        request: Request, build: Callable[[str], Awaitable[dict[str, Any]]]
+    ) -> Response:
         try:
             tenant = resolve_tenant(request.headers, config)
             return JSONResponse(await build(tenant))
@@ -51,7 +54,7 @@ def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> 
 
     @router.get("/v1/sessions")
     async def list_sessions(request: Request) -> Response:
-        async def build(tenant: str) -> dict:
+        async def build(tenant: str) -> dict[str, Any]:
             data = await session_view.summaries(pipeline().store, tenant)
             return {"object": "list", "data": data}
 
@@ -60,7 +63,7 @@ def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> 
     # Before the detail route: a session id may contain slashes (``:path``).
     @router.get("/v1/sessions/{session_id:path}/render")
     async def render(session_id: str, request: Request) -> Response:
-        async def build(tenant: str) -> dict:
+        async def build(tenant: str) -> dict[str, Any]:
             number = _int_param(request, "request", required=True)
             branch = _int_param(request, "branch", required=False)
             p = pipeline()
@@ -72,7 +75,7 @@ def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> 
 
     @router.get("/v1/sessions/{session_id:path}")
     async def show(session_id: str, request: Request) -> Response:
-        async def build(tenant: str) -> dict:
+        async def build(tenant: str) -> dict[str, Any]:
             branch = _int_param(request, "branch", required=False)
             return await session_view.detail(pipeline().store, tenant, _known(session_id), branch)
 
