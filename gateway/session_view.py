@@ -1,22 +1,26 @@
 """A session as its owner sees it: what it cost, and what the model saw at each request.
 
 Figures come from the branch ledgers (``gateway.accounting``) and the router's assignment.
-What the model saw at request N is rendered again: the history never changes, a record
-keeps how many history messages the request carried, and a renderer is a pure function of
-(history, render state). The view is the request's last attempt, restore exchanges that
-the gateway answered during it included.
+What the model saw at request N is rendered again from the stored history, which never
+changes: a record keeps how many history messages its request carried and what else its
+rendering depended on (strategy, fold mode, KV pressure, tools). ReFold decides a rewrite
+as of the request that made it, under that request's pressure, and keeps the decision in
+its per-session cache; so the view replays the branch's requests of the same strategy in
+order, cache threaded through, as the gateway rendered them (a gateway that lost its cache,
+after a restart or on another gateway replica, renders cold under the pressure of the
+moment and may have decided otherwise). The view is each request's last attempt: restore
+exchanges the gateway answered during it are in it.
 
 Renderers do not say which history message each rendered message came from, so the view
-traces it: strategies either rewrite messages in place (possibly adding some before them,
-as ReFold adds its protocol prompt) or replace a run of messages by a summary (a cliff).
-A composition is traced stage by stage. A rewritten message is a stub when the same
-ReFold without dedup keeps its content, else a fold; mask and clip say what they did.
+traces it: strategies either rewrite messages in place (possibly adding some before them)
+or replace a run of messages by a summary (a cliff). A composition is traced stage by
+stage. ReFold's cache names its folded steps; its other rewritten outputs hold stubs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway import accounting
@@ -31,8 +35,6 @@ from store import NotFound, SessionStore
 # What a stage's rewritten and added messages are called in a view (ReFold's: stub, fold).
 _REWRITE_KIND = {"mask": "masked", "clip": "clipped"}
 _ADDED_KIND = {"cliff": "summary"}
-
-Trace = tuple[Rendered, list[int | None], list[str]]
 
 
 class NoSuchRequest(LookupError):
@@ -101,7 +103,7 @@ async def detail(
 
 async def request_view(
     store: SessionStore,
-    renderer_for: Callable[[str], Renderer],
+    renderer_for: Callable[[str, str], Renderer],
     tenant: str,
     session: str,
     request: int,
@@ -109,8 +111,9 @@ async def request_view(
 ) -> dict[str, Any]:
     """What the model saw at request ``request`` (1-based) of a branch, beside the history.
 
-    Raises ``store.NotFound`` for an unknown session or branch, ``NoSuchRequest`` for a
-    request number the branch has not had.
+    ``renderer_for(strategy, fold)`` gives the gateway's renderer. Raises ``store.NotFound``
+    for an unknown session or branch, ``NoSuchRequest`` for a request number the branch has
+    not had.
     """
     stored = await store.load(tenant, session, branch)
     ledger = await accounting.read(store, tenant, session, stored.branch_id)
@@ -120,64 +123,139 @@ async def request_view(
             f"no request {request}"
         )
     messages = [Message.from_dict(m) for m in stored.messages]
-    record = ledger.log[request - 1]
-    history, restored = with_gateway_turns(messages[: record.messages], stored.gateway_turns)
-    state = RenderState(restored=frozenset(restored))
-    rendered, sources, kinds = trace(
-        renderer_for(record.strategy), Transcript(tuple(history)), state
-    )
+    log = ledger.log[:request]
+    inputs = [_Input.of(record, messages, stored.gateway_turns) for record in log]
+    traced = replay(renderer_for, inputs, wanted=len(inputs) - 1)
     previous = None
     if request > 1:
-        before = ledger.log[request - 2]
-        prev_history, prev_restored = with_gateway_turns(
-            messages[: before.messages], stored.gateway_turns
+        previous = replay(renderer_for, inputs[:-1], wanted=len(inputs) - 2).rendered
+    return _view(session, stored.branch_id, request, inputs[-1], traced, previous, log)
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    """One request as its renderer saw it."""
+
+    record: RequestRecord
+    history: Transcript
+    state: RenderState
+
+    @classmethod
+    def of(cls, record: RequestRecord, messages: Sequence[Message], turns: Any) -> _Input:
+        history, restored = with_gateway_turns(messages[: record.messages], turns)
+        # Renderers read only whether tools were offered (ReFold then adds its own).
+        tools = tuple({"type": "function", "function": {"name": n}} for n in record.tools)
+        state = RenderState(restored=frozenset(restored), pressure=record.pressure)
+        return cls(record, Transcript(tuple(history), tools), state)
+
+
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """A rendering, each rendered message's history index (None: the renderer added it),
+    and its kind: verbatim, labelled (content kept, the gateway added a label or a note),
+    stub, fold, summary, masked, clipped, rewritten, or added."""
+
+    rendered: Rendered
+    sources: list[int | None]
+    kinds: list[str]
+
+
+def replay(
+    renderer_for: Callable[[str, str], Renderer], inputs: Sequence[_Input], wanted: int
+) -> Traced:
+    """Request ``wanted`` of ``inputs`` rendered as the gateway did: after every earlier
+    request of the same strategy, with the renderer's cache carried from one to the next."""
+    strategy = inputs[wanted].record.strategy
+    same = [i for i in inputs[: wanted + 1] if i.record.strategy == strategy]
+    renderers = [renderer_for(i.record.strategy, i.record.fold) for i in same]
+    return trace(renderers, [(i.history, i.state) for i in same])
+
+
+def trace(
+    renderers: Sequence[Renderer], inputs: Sequence[tuple[Transcript, RenderState | None]]
+) -> Traced:
+    """The last of successive renderings (``renderers[i]`` renders ``inputs[i]``, each
+    given the cache the one before returned), traced back to its history."""
+    return _traced(renderers, inputs)[1]
+
+
+def _traced(
+    renderers: Sequence[Renderer], inputs: Sequence[tuple[Transcript, RenderState | None]]
+) -> tuple[list[Rendered], Traced]:
+    """Every rendering, and the last one traced."""
+    last = renderers[-1]
+    if isinstance(last, Composed):
+        inner, inner_traced = _traced([r.inner for r in renderers], inputs)  # type: ignore[attr-defined]
+        outer, outer_traced = _traced(
+            [r.outer for r in renderers],  # type: ignore[attr-defined]
+            [(rendered.transcript, None) for rendered in inner],
         )
-        previous = (
-            renderer_for(before.strategy)
-            .render(Transcript(tuple(prev_history)), RenderState(restored=frozenset(prev_restored)))
-            .transcript.messages
-        )
-    return _view(
-        session,
-        stored.branch_id,
-        request,
-        record,
-        history,
-        restored,
-        rendered,
-        sources,
-        kinds,
-        previous,
-        ledger.log[request - 2] if request > 1 else None,
-    )
+        both = [
+            Rendered(o.transcript, None, merge_stats(i, o))
+            for i, o in zip(inner, outer, strict=True)
+        ]
+        sources = [None if s is None else inner_traced.sources[s] for s in outer_traced.sources]
+        kinds = [
+            inner_traced.kinds[s] if s is not None and k in {"verbatim", "labelled"} else k
+            for s, k in zip(outer_traced.sources, outer_traced.kinds, strict=True)
+        ]
+        return both, Traced(both[-1], sources, kinds)
+    renderings: list[Rendered] = []
+    cache = None
+    for renderer, (history, state) in zip(renderers, inputs, strict=True):
+        renderings.append(renderer.render(history, state, cache))
+        cache = renderings[-1].cache
+    rendered = renderings[-1]
+    history = inputs[-1][0].messages
+    out = rendered.transcript.messages
+    sources = align(history, out)
+    folded = _folded_positions(rendered) if isinstance(last, ReFold) else set()
+    kinds = []
+    for m, s in zip(out, sources, strict=True):
+        if s is None:
+            kinds.append(_ADDED_KIND.get(last.name, "added"))
+        elif m == history[s]:
+            kinds.append("verbatim")
+        elif keeps_content(history[s], m):
+            kinds.append("labelled")
+        elif isinstance(last, ReFold):
+            kinds.append("fold" if s in folded else "stub")
+        else:
+            kinds.append(_REWRITE_KIND.get(last.name, "rewritten"))
+    return renderings, Traced(rendered, sources, kinds)
+
+
+def _folded_positions(rendered: Rendered) -> set[int]:
+    """History positions of the steps ReFold folded (its cache keeps them)."""
+    cache = rendered.cache
+    steps = getattr(cache, "steps", [])
+    return {steps[s] for s in getattr(cache, "folded", ()) if s < len(steps)}
 
 
 def _view(
     session: str,
     branch: int,
     request: int,
-    record: RequestRecord,
-    history: list[Message],
-    restored: list[int],
-    rendered: Rendered,
-    sources: list[int | None],
-    kinds: list[str],
-    previous: Sequence[Message] | None,
-    previous_record: RequestRecord | None,
+    given: _Input,
+    traced: Traced,
+    previous: Rendered | None,
+    log: Sequence[RequestRecord],
 ) -> dict[str, Any]:
-    state = RenderState(restored=frozenset(restored))
-    steps = step_indices(Transcript(tuple(history)), state)
+    history = list(given.history.messages)
+    restored = given.state.restored
+    steps = step_indices(given.history, given.state)
     step_of = {position: n for n, position in enumerate(steps)}
-    out_messages = rendered.transcript.messages
-    used = {s for s in sources if s is not None}
-    stats = rendered.stats
+    out = traced.rendered.transcript.messages
+    used = {s for s in traced.sources if s is not None}
+    stats = traced.rendered.stats
     boundary_at = steps[stats.boundary] if stats.boundary < len(steps) else len(history)
     return {
         "object": "session.render",
         "session": session,
         "branch": branch,
         "request": request,
-        "record": asdict(record),
+        "record": asdict(given.record),
+        "tools": accounting.tool_names(traced.rendered.transcript.tools),
         "history": [
             {
                 **_message(m),
@@ -190,11 +268,11 @@ def _view(
         ],
         "rendered": [
             {**_message(m), "index": i, "source": s, "kind": k, "tokens": estimate_tokens(m)}
-            for i, (m, s, k) in enumerate(zip(out_messages, sources, kinds, strict=True))
+            for i, (m, s, k) in enumerate(zip(out, traced.sources, traced.kinds, strict=True))
         ],
         "tokens": {
             "history": sum(estimate_tokens(m) for m in history),
-            "rendered": sum(estimate_tokens(m) for m in out_messages),
+            "rendered": sum(estimate_tokens(m) for m in out),
         },
         "stats": {
             "steps": stats.steps,
@@ -203,16 +281,20 @@ def _view(
             "folded_steps": stats.folded_steps,
             "compactions": stats.compactions,
             "reminders": stats.reminders,
+            "rewrites": stats.rewrites,
+            "overhead_tokens": stats.overhead_tokens,
+            "stub_saved_tokens": stats.stub_saved_tokens,
+            "fold_saved_tokens": stats.fold_saved_tokens,
             "notes": list(stats.notes),
         },
         "chunk_boundary": {
             "step": stats.boundary,
             "rendered_index": next(
-                (i for i, s in enumerate(sources) if s is not None and s >= boundary_at),
-                len(out_messages),
+                (i for i, s in enumerate(traced.sources) if s is not None and s >= boundary_at),
+                len(out),
             ),
         },
-        "cached_prefix": _shared_prefix(out_messages, previous, record, previous_record),
+        "cached_prefix": _shared_prefix(out, previous, log),
     }
 
 
@@ -235,70 +317,30 @@ def _message(m: Message) -> dict[str, Any]:
 
 
 def _shared_prefix(
-    messages: Sequence[Message],
-    previous: Sequence[Message] | None,
-    record: RequestRecord,
-    previous_record: RequestRecord | None,
+    messages: Sequence[Message], previous: Rendered | None, log: Sequence[RequestRecord]
 ) -> dict[str, Any] | None:
     """How much of this rendering the previous request sent identically: what the replica's
     prefix cache could serve (vLLM caches whole blocks, so a little less in practice)."""
-    if previous is None or previous_record is None:
+    if previous is None:
         return None
+    before = previous.transcript.messages
     same = 0
-    while same < min(len(messages), len(previous)) and messages[same] == previous[same]:
+    while same < min(len(messages), len(before)) and messages[same] == before[same]:
         same += 1
     chars = 0
-    if same < min(len(messages), len(previous)) and messages[same].role == previous[same].role:
-        a, b = messages[same].text, previous[same].text
+    if same < min(len(messages), len(before)) and messages[same].role == before[same].role:
+        a, b = messages[same].text, before[same].text
         while chars < min(len(a), len(b)) and a[chars] == b[chars]:
             chars += 1
     return {
         "messages": same,
         "chars": chars,
         "tokens": sum(estimate_tokens(m) for m in messages[:same]) + chars // 4,
-        "same_replica": previous_record.replica == record.replica,
+        "same_replica": log[-2].replica == log[-1].replica,
     }
 
 
 # -- tracing rendered messages back to the history ---------------------------------------
-
-
-def trace(renderer: Renderer, history: Transcript, state: RenderState | None) -> Trace:
-    """The rendering, each rendered message's history index (None: the renderer added it)
-    and its kind: verbatim, labelled (content kept, the gateway added a label or a
-    reminder), stub, fold, summary, masked, clipped, rewritten, or added."""
-    if isinstance(renderer, Composed):
-        first, inner_sources, inner_kinds = trace(renderer.inner, history, state)
-        second, outer_sources, outer_kinds = trace(renderer.outer, first.transcript, None)
-        sources = [None if s is None else inner_sources[s] for s in outer_sources]
-        kinds = [
-            inner_kinds[s] if s is not None and k in {"verbatim", "labelled"} else k
-            for s, k in zip(outer_sources, outer_kinds, strict=True)
-        ]
-        return Rendered(second.transcript, None, merge_stats(first, second)), sources, kinds
-    rendered = renderer.render(history, state)
-    out = rendered.transcript.messages
-    sources = align(history.messages, out)
-    undeduped = None
-    if isinstance(renderer, ReFold) and renderer.dedup:
-        plain = ReFold(k=renderer.k, dedup=False, fold=renderer.fold)
-        undeduped = plain.render(history, state).transcript.messages
-    kinds = []
-    for i, (m, s) in enumerate(zip(out, sources, strict=True)):
-        if s is None:
-            kinds.append(_ADDED_KIND.get(renderer.name, "added"))
-            continue
-        original = history.messages[s]
-        if m == original:
-            kinds.append("verbatim")
-        elif keeps_content(original, m):
-            kinds.append("labelled")
-        elif isinstance(renderer, ReFold):
-            stub = undeduped is not None and keeps_content(original, undeduped[i])
-            kinds.append("stub" if stub else "fold")
-        else:
-            kinds.append(_REWRITE_KIND.get(renderer.name, "rewritten"))
-    return rendered, sources, kinds
 
 
 def align(history: Sequence[Message], rendered: Sequence[Message]) -> list[int | None]:

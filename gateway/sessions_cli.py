@@ -139,6 +139,12 @@ def show_command(
         ("raw tokens (estimate)", f"{detail['raw_tokens']:,}"),
         ("rendered tokens (estimate)", f"{detail['rendered_tokens']:,}"),
         ("saved", _pct(detail["saved_tokens"], detail["raw_tokens"])),
+        (
+            "removed by stubs / by folds",
+            f"{detail['rendered_tokens_removed_by_stubs']:,} / "
+            f"{detail['rendered_tokens_removed_by_folds']:,}",
+        ),
+        ("added (protocol, labels, notes)", f"{detail['rendered_tokens_added']:,}"),
         ("upstream prompt tokens", f"{detail['upstream_prompt_tokens']:,}"),
         (
             "cached by the replica",
@@ -197,7 +203,7 @@ def _render_table(view: dict[str, Any]) -> Table:
                 "",
                 Text("chunk boundary", "magenta"),
                 "",
-                f"steps below {boundary['step']} compressed",
+                f"only steps below {boundary['step']} may be folded or compacted",
             )
         if cached and m["index"] == cached["messages"]:
             table.add_section()

@@ -94,6 +94,9 @@ async function showSession(id, wanted) {
       figure("raw tokens (est.)", num(s.raw_tokens)),
       figure("rendered tokens (est.)", num(s.rendered_tokens)),
       figure("saved", pct(s.saved_tokens, s.raw_tokens)),
+      figure("removed by stubs", num(s.rendered_tokens_removed_by_stubs)),
+      figure("removed by folds", num(s.rendered_tokens_removed_by_folds)),
+      figure("added (protocol, labels)", num(s.rendered_tokens_added)),
       figure("upstream prompt tokens", num(s.upstream_prompt_tokens)),
       figure("cached by the replica", pct(s.upstream_cached_tokens, s.upstream_prompt_tokens)),
       figure("stubs now", num(s.stubs)),
@@ -105,7 +108,7 @@ async function showSession(id, wanted) {
     table([
       ["Request", (r) => r.request],
       ["Messages", (r) => num(r.messages)],
-      ["Strategy", (r) => r.strategy],
+      ["Strategy", (r) => r.strategy + (r.strategy.includes("refold") ? " (" + r.fold + ")" : "")],
       ["Raw", (r) => num(r.raw_tokens)],
       ["Rendered", (r) => num(r.rendered_tokens)],
       ["Upstream", (r) => num(r.upstream_prompt_tokens)],
@@ -208,8 +211,8 @@ async function renderView(path, request) {
   for (const [h, r] of rows(view)) {
     if (r && boundary && r.index === boundary.rendered_index) {
       grid.append(el("div", { class: "marker chunk-marker" },
-        "chunk boundary: steps below " + boundary.step + " render compressed (stubs, folds); "
-        + "from step " + boundary.step + " on in full"));
+        "chunk boundary at step " + boundary.step + ": only steps below it may be folded or "
+        + "compacted (dedup stubs come at arrival)"));
     }
     if (r && cached && r.index === cached.messages) {
       grid.append(el("div", { class: "marker cache-marker" },
@@ -232,6 +235,11 @@ async function renderView(path, request) {
       figure("cached by the replica", num(rec.upstream_cached_tokens)),
       figure("stubs", num(s.stubs)),
       figure("folded steps", num(s.folded_steps)),
+      figure("removed by stubs", num(s.stub_saved_tokens)),
+      figure("removed by folds", num(s.fold_saved_tokens)),
+      figure("added", num(s.overhead_tokens)),
+      figure("rewrites so far", num(s.rewrites)),
+      figure("KV pressure priced", rec.pressure.toFixed(2)),
       figure("compactions", num(s.compactions)),
       figure("restores answered", num(rec.restores))),
     grid);

@@ -29,16 +29,17 @@ def _file(name: str, lines: int) -> str:
     )
 
 
-# Output i of command i; outputs 0 and 1 are the same file read twice.
+# Output i of command i; outputs 0 and 1 are the same file read twice. Step 2 is long: a
+# fold of it saves enough to pay for the re-prefill it causes (ReFold prices folds).
 COMMANDS = ["cat app.py", "cat app.py", "pytest -x", "cat util.py", "ls", "cat cfg.py", "git diff"]
 OUTPUTS = [
-    _file("app", 40),
-    _file("app", 40),
-    "FAILED tests/test_app.py::test_app_3 - AssertionError\n" + _file("trace", 12),
-    _file("util", 30),
-    "app.py\nutil.py\ncfg.py\ntests/\n" + _file("listing", 6),
-    _file("cfg", 25),
-    "diff --git a/app.py b/app.py\n" + _file("diff", 10),
+    _file("app", 12),
+    _file("app", 12),
+    "FAILED tests/test_app.py::test_app_3 - AssertionError\n" + _file("trace", 150),
+    "def util(x):\n    return x",
+    "app.py\nutil.py\ncfg.py\ntests/",
+    "DEBUG = False",
+    "diff --git a/app.py b/app.py\n-    return x * 3\n+    return x * 4",
 ]
 
 

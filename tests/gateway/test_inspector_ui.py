@@ -52,9 +52,10 @@ async def test_page_shows_a_session_and_expands_a_stub(gateway_with_fake, client
             await card.scroll_into_view_if_needed()
             SCREENSHOT.parent.mkdir(exist_ok=True)
             await page.screenshot(path=str(SCREENSHOT), full_page=True)
-            # An earlier request, picked in the session's request table: nothing compressed.
-            await page.locator("#app > table tbody tr").nth(1).click()
-            await page.locator("#render h3", has_text="Request 2:").wait_for()
+            # The first request, picked in the session's request table: nothing to stub yet.
+            await page.locator("#app > table tbody tr").nth(0).click()
+            await page.locator("#render h3", has_text="Request 1:").wait_for()
             assert await page.locator(".msg.rendered.kind-stub").count() == 0
+            assert await page.locator(".msg.rendered").count() == 4
             await browser.close()
     assert SCREENSHOT.stat().st_size > 10_000

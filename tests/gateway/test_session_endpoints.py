@@ -79,7 +79,11 @@ async def test_render_at_request_n_is_what_the_replica_received(gateway_with_fak
     # Request 7 only appended to request 6's context: all of 6 is its cached prefix.
     assert last["cached_prefix"]["messages"] == len(views[-2]["rendered"])
     assert views[0]["cached_prefix"] is None
-    assert all(m["kind"] in {"verbatim", "labelled"} for m in views[1]["rendered"])
+    assert all(m["kind"] in {"verbatim", "labelled"} for m in views[0]["rendered"])
+    # Request 6 moved the chunk boundary and folded step 2: the replica's cached prefix
+    # from request 5 ends where the fold rewrote what it had sent.
+    folded = next(m["index"] for m in views[5]["rendered"] if m["kind"] == "fold")
+    assert views[5]["cached_prefix"]["messages"] == folded
 
 
 async def test_a_tenant_sees_only_its_own_sessions(gateway_with_fake, client):

@@ -8,46 +8,55 @@ import json
 from gateway.accounting import parse
 from gateway.fold import make_renderer
 from gateway.session_view import align, trace
-from gateway.transcript import text_message
+from gateway.transcript import Transcript, text_message
 from tests.fold.conftest import protocol, source_lines, tool_history, turn
 
 FILE = "\n".join(source_lines(30))
+BIG = "\n".join(source_lines(300, "trace"))
 
 
-def session(steps: int = 9):
-    """Step 1 re-reads step 0's file; the reply after step 2 marks step 2 stale."""
-    outputs = [FILE, FILE] + [
-        f"output {i}\n" + "\n".join(source_lines(20, f"t{i}")) for i in range(2, steps)
-    ]
+def session(steps: int = 9) -> Transcript:
+    """Step 1 re-reads step 0's file; step 2 is long and the reply after it marks it stale."""
+    outputs = [FILE, FILE, BIG] + [f"output {i}" for i in range(3, steps)]
     return tool_history(
         [turn(protocol(f"p{i}", "2" if i == 3 else "-"), out) for i, out in enumerate(outputs)]
     )
 
 
+def requests(history: Transcript) -> list[tuple[Transcript, None]]:
+    """What a harness sends, request after request: the history up to each tool output."""
+    ends = [i + 1 for i, m in enumerate(history.messages) if m.role == "tool"]
+    return [(history.with_messages(history.messages[:end]), None) for end in ends]
+
+
+def traced(spec: str, history: Transcript, **options):
+    inputs = requests(history)
+    return trace([make_renderer(spec, **options)] * len(inputs), inputs)
+
+
 def test_refold_marks_the_stub_and_the_fold_it_made():
     history = session()
-    rendered, sources, kinds = trace(make_renderer("refold"), history, None)
-    assert len(rendered.transcript.messages) == len(history.messages)  # has a system prompt
-    assert sources == list(range(len(history.messages)))
+    t = traced("refold", history)
+    assert t.sources == list(range(len(history.messages)))
     steps = [i for i, m in enumerate(history.messages) if m.role == "tool"]
-    assert kinds[steps[1]] == "stub" and kinds[steps[2]] == "fold"
-    assert kinds.count("stub") == rendered.stats.stubs
-    assert kinds.count("fold") == rendered.stats.folded_steps
-    assert kinds[0] == "labelled"  # the protocol joins the system prompt
-    assert {kinds[i] for i in steps[3:]} == {"labelled"}
+    assert t.kinds[steps[1]] == "stub" and t.kinds[steps[2]] == "fold"
+    assert t.kinds.count("stub") == t.rendered.stats.stubs
+    assert t.kinds.count("fold") == t.rendered.stats.folded_steps
+    assert {t.kinds[i] for i in steps[3:]} == {"labelled"}  # labelled [step N]
 
 
-def test_refold_without_a_system_prompt_adds_one():
+def test_a_protocol_prompt_without_a_system_prompt_is_added():
     history = session().with_messages(session().messages[1:])
-    _, sources, kinds = trace(make_renderer("refold"), history, None)
-    assert (sources[0], kinds[0]) == (None, "added")
-    assert sources[1:] == list(range(len(history.messages)))
+    t = traced("refold", history, fold="on")
+    assert (t.sources[0], t.kinds[0]) == (None, "added")
+    assert t.sources[1:] == list(range(len(history.messages)))
 
 
 def test_a_cliff_summary_replaces_the_messages_it_drops():
     history = session(12)
     total = sum(len(m.text) // 4 + 4 for m in history.messages)
-    rendered, sources, kinds = trace(make_renderer("cliff", budget=total // 2), history, None)
+    t = trace([make_renderer("cliff", budget=total // 2)], [(history, None)])
+    rendered, sources, kinds = t.rendered, t.sources, t.kinds
     out = rendered.transcript.messages
     assert rendered.stats.compactions >= 1
     assert kinds.count("summary") == 1 and sources[kinds.index("summary")] is None
@@ -59,9 +68,8 @@ def test_a_cliff_summary_replaces_the_messages_it_drops():
 def test_refold_then_cliff_is_traced_through_both():
     history = session(12)
     total = sum(len(m.text) // 4 + 4 for m in history.messages)
-    rendered, sources, kinds = trace(
-        make_renderer("refold+cliff", budget=total // 2), history, None
-    )
+    t = traced("refold+cliff", history, budget=total // 10)  # under what ReFold leaves
+    rendered, sources, kinds = t.rendered, t.sources, t.kinds
     assert "summary" in kinds
     for m, s, k in zip(rendered.transcript.messages, sources, kinds, strict=True):
         if s is not None:
@@ -72,8 +80,8 @@ def test_refold_then_cliff_is_traced_through_both():
 def test_mask_and_clip_say_what_they_did():
     history = session(14)  # mask keeps the last 10 outputs
     for spec, kind in (("mask", "masked"), ("clip", "clipped")):
-        rendered, _, kinds = trace(make_renderer(spec), history, None)
-        assert kinds.count(kind) == rendered.stats.stubs > 0
+        t = trace([make_renderer(spec)], [(history, None)])
+        assert t.kinds.count(kind) == t.rendered.stats.stubs > 0
 
 
 def test_align_pairs_identical_ends_and_rewrites_in_place():
