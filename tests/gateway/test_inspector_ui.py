@@ -1,10 +1,13 @@
 """The inspector page in a real headless browser (Debian's chromium, driven by Playwright),
 over a session driven through the gateway (fake upstream: the page is what is tested).
 
-The screenshot it takes is docs/inspector.png (README shows it)."""
+The screenshot it takes is a test artifact: tests/artifacts/inspector.png (ignored by git,
+like every *.png outside docs/), or under $FOLDGATE_ARTIFACTS. docs/inspector.png, which
+the README shows, is a copy of one."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +15,10 @@ from playwright.async_api import async_playwright
 
 from tests.gateway.agent_session import SESSION, drive
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "inspector.png"
+ARTIFACTS = Path(
+    os.environ.get("FOLDGATE_ARTIFACTS") or Path(__file__).resolve().parents[1] / "artifacts"
+)
+SCREENSHOT = ARTIFACTS / "inspector.png"
 
 
 def chromium() -> str:
@@ -50,7 +56,7 @@ async def test_page_shows_a_session_and_expands_a_stub(gateway_with_fake, client
             assert await expanded.is_visible()
             assert await expanded.text_content() == original  # the exact stored text
             await card.scroll_into_view_if_needed()
-            SCREENSHOT.parent.mkdir(exist_ok=True)
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(SCREENSHOT), full_page=True)
             # The first request, picked in the session's request table: nothing to stub yet.
             await page.locator("#app > table tbody tr").nth(0).click()
