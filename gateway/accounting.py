@@ -75,9 +75,13 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RequestRecord:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in raw.items() if k in known}
-        values["tools"] = tuple(values.get("tools", ()))
+        """A stored record; fields it predates read as empty (0, "", no tools)."""
+        empty = {"int": 0, "float": 0.0, "str": ""}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            default = () if f.name == "tools" else empty[str(f.type)]
+            values[f.name] = raw.get(f.name, default)
+        values["tools"] = tuple(values["tools"])
         return cls(**values)
 
 

@@ -86,21 +86,22 @@ def list_command(gateway: Gateway, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     table = Table(title=f"sessions on {gateway.url}")
-    for name in ("session", "requests", "raw tok", "rendered tok", "saved", "upstream tok"):
-        table.add_column(name, justify="left" if name == "session" else "right")
-    for name in ("cached", "stubs", "folds", "restores", "compactions", "replica", "last"):
-        table.add_column(name, justify="left" if name in {"replica", "last"} else "right")
+    table.add_column("session", overflow="fold")
+    for name in ("requests", "tokens raw → rendered", "saved", "upstream (cached)"):
+        table.add_column(name, justify="right")
+    for name in ("stubs/folds", "restores", "compactions"):
+        table.add_column(name, justify="right")
+    table.add_column("replica", overflow="fold")
+    table.add_column("last request")
     for s in data:
         table.add_row(
             Text(s["id"]),
             f"{s['requests']:,}",
-            f"{s['raw_tokens']:,}",
-            f"{s['rendered_tokens']:,}",
+            f"{s['raw_tokens']:,} → {s['rendered_tokens']:,}",
             _pct(s["saved_tokens"], s["raw_tokens"]),
-            f"{s['upstream_prompt_tokens']:,}",
-            _pct(s["upstream_cached_tokens"], s["upstream_prompt_tokens"]),
-            str(s["stubs"]),
-            str(s["folds"]),
+            f"{s['upstream_prompt_tokens']:,} "
+            f"({_pct(s['upstream_cached_tokens'], s['upstream_prompt_tokens'])})",
+            f"{s['stubs']}/{s['folds']}",
             str(s["restores"]),
             str(s["compactions"]),
             Text(s["replica"] or "-"),

@@ -98,3 +98,5 @@ def test_a_state_written_before_the_log_existed_still_reads():
     assert ledger.totals["requests"] == 2 and ledger.totals["rendered_tokens"] == 0
     assert ledger.log == ()
     assert parse(None).totals["requests"] == 0
+    older = parse(json.dumps({"log": [{"messages": 4, "strategy": "refold"}]}).encode())
+    assert older.log[0].messages == 4 and older.log[0].fold == "" and older.log[0].tools == ()
