@@ -229,6 +229,11 @@ def assemble(
     )
 
 
+def session_cap(store_cap: int, max_bytes: int | None) -> int:
+    """The size cap of one ingest: the store's, or a smaller one the caller asks for."""
+    return store_cap if max_bytes is None else min(store_cap, max_bytes)
+
+
 def too_large(tenant: str, session: str, stored: int, adding: int, cap: int) -> SessionTooLarge:
     return SessionTooLarge(
         f"session {session!r} of tenant {tenant!r} would grow to {stored + adding} bytes "
@@ -316,8 +321,18 @@ class SessionStore(ABC):
         self._digests = DigestCache(digest_cache_sessions)
 
     @abstractmethod
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
-        """Store the history a harness sent; see the module doc for which branch it lands on."""
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
+        """Store the history a harness sent; see the module doc for which branch it lands on.
+
+        ``max_bytes``: a size cap for this session below the store's (a tenant's limit).
+        """
 
     @abstractmethod
     async def load(

@@ -40,6 +40,7 @@ from store.base import (
     check_counts,
     check_id,
     check_turns,
+    session_cap,
     too_large,
     window_key,
 )
@@ -118,15 +119,23 @@ class RedisStore(SessionStore):
             raise StoreUnavailable(f"redis at {self._where} is unavailable: {e!r}") from e
 
     # -- history -----------------------------------------------------------------------
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
         keys = self._keys(tenant, session)
         prep = self._digests.prepare(tenant, session, messages)
         n = len(prep.packed)
         chains = b"".join(prep.chains)
         start = prep.known_stored if prep.known_stored else n
+        cap = session_cap(self.max_session_bytes, max_bytes)
         async with self._guard():
             for _ in range(_MAX_NEED_ROUNDS):
-                args: list[Any] = [self._ttl_ms, self.max_session_bytes, chains, start, n - start]
+                args: list[Any] = [self._ttl_ms, cap, chains, start, n - start]
                 blobs: dict[bytes, bytes] = {}
                 for p in prep.packed[start:]:
                     args.append(p.body)
@@ -141,9 +150,7 @@ class RedisStore(SessionStore):
                     start = int(reply[1])
                     continue
                 if kind == b"too_large":
-                    raise too_large(
-                        tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes
-                    )
+                    raise too_large(tenant, session, int(reply[1]), int(reply[2]), cap)
                 await self._redis.zadd(self._index_key(tenant), {session: time.time() * 1000})
                 return IngestResult(int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")

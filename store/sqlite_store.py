@@ -38,6 +38,7 @@ from store.base import (
     check_id,
     check_turns,
     over_limit,
+    session_cap,
     too_large,
     window_key,
 )
@@ -147,14 +148,22 @@ class SQLiteStore(SessionStore):
         return sid
 
     # -- history -----------------------------------------------------------------------
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
         check_id("tenant", tenant)
         check_id("session", session)
         prep = self._digests.prepare(tenant, session, messages)
-        return await self._run(lambda c: self._ingest(c, tenant, session, prep), write=True)
+        cap = session_cap(self.max_session_bytes, max_bytes)
+        return await self._run(lambda c: self._ingest(c, tenant, session, prep, cap), write=True)
 
     def _ingest(
-        self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared
+        self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared, cap: int
     ) -> IngestResult:
         sid = self._sid(conn, tenant, session, create=True)
         head, stored = conn.execute(
@@ -212,8 +221,8 @@ class SQLiteStore(SessionStore):
             is None
         }
         adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
-        if stored + adding > self.max_session_bytes:
-            raise too_large(tenant, session, stored, adding, self.max_session_bytes)
+        if stored + adding > cap:
+            raise too_large(tenant, session, stored, adding, cap)
         if best < 0:
             conn.execute(
                 "INSERT INTO branches VALUES (?, ?, ?, ?, ?)", (sid, target, parent, from_, n)

@@ -362,6 +362,14 @@ async def test_size_cap_rejects_without_writing(make_store: StoreFactory, tenant
             await s.append_gateway_turns(tenant, "s", 0, 3, [big])
         loaded = await s.load(tenant, "s")
         assert (list(loaded.messages), dict(loaded.gateway_turns)) == (h, {})
+        # a caller's smaller cap (a tenant's limit) holds the same way; a larger one does not
+        # lift the store's
+        with pytest.raises(SessionTooLarge, match=r"over the 300-byte cap"):
+            await s.ingest(tenant, "small", history(12), max_bytes=300)
+        with pytest.raises(NotFound):
+            await s.load(tenant, "small")
+        with pytest.raises(SessionTooLarge, match=r"over the 4000-byte cap"):
+            await s.ingest(tenant, "s", [*h, big], max_bytes=10**9)
     finally:
         await s.close()
 
