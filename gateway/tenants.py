@@ -22,6 +22,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from gateway.fold import STRATEGIES
+
 KEY_HASH_PREFIX = "sha256:"
 _KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 _SALT_CONTEXT = b"foldgate cache_salt v1\x00"
@@ -62,8 +64,6 @@ class TenantSettings:
     every tenant without its own table). None: the gateway's default, or no limit."""
 
     strategy: str | None = None
-    budget: int | None = None
-    policy: str | None = None
     upstream_fields: frozenset[str] = frozenset()
     """Guarded vLLM fields (``priority``, ``kv_transfer_params``) this tenant may send."""
     requests_per_minute: int | None = None
@@ -84,10 +84,15 @@ class TenantSettings:
         if unknown:
             raise ValueError(f"tenants.{tenant}: unknown keys {', '.join(sorted(unknown))}")
         values = dict(raw)
-        for name in ("strategy", "policy"):
-            if name in values and not isinstance(values[name], str):
-                raise ValueError(f"tenants.{tenant}.{name} must be a string")
-        for name in known - {"strategy", "policy", "upstream_fields"}:
+        strategy = values.get("strategy")
+        if strategy is not None and (
+            not isinstance(strategy, str) or not set(strategy.split("+")) <= set(STRATEGIES)
+        ):
+            raise ValueError(
+                f"tenants.{tenant}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
+                " or a composition of them ('refold+cliff')"
+            )
+        for name in known - {"strategy", "upstream_fields"}:
             value = values.get(name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1

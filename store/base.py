@@ -131,8 +131,8 @@ def over_limit(current: int, charge: Charge) -> bool:
     return charge.limit is not None and current + max(charge.amount, 1) > charge.limit
 
 
-def check_counts(counts: Mapping[str, int], token: str) -> None:
-    for name, value in counts.items():
+def check_counts(counts: Mapping[str, int], token: str, latest: Mapping[str, int]) -> None:
+    for name, value in (*counts.items(), *latest.items()):
         check_id("counter name", name)
         if ":" in name or "@" in name:
             raise ValueError(f"counter name {name!r} must not contain ':' or '@'")
@@ -362,13 +362,22 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def add_counts(
-        self, tenant: str, session: str, branch: int, counts: Mapping[str, int], *, token: str
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
     ) -> None:
         """Add ``counts`` to the branch's counters and to the tenant's, by atomic increments.
 
         ``token`` names this call (a request id): a repeated call with the same token adds
-        nothing. A branch that no longer exists (session deleted or expired) gets no
-        counters; the tenant's are added all the same.
+        nothing. ``latest``: branch values that are set, not added (what the last request
+        saw, e.g. its prompt size); the tenant's counters do not take them. A branch that no
+        longer exists (session deleted or expired) gets nothing; the tenant's counters are
+        added all the same.
         """
 
     @abstractmethod

@@ -162,15 +162,17 @@ return {'ok', v + 1}
 """
 )
 
-# ARGV: ttl_ms, branch, token, then (name, amount) pairs. Replies: 'ok' | 'repeat' |
-# 'no_branch'. The token field makes a retried call a no-op.
+# ARGV: ttl_ms, branch, token, k (number of added pairs), then k (name, amount) pairs, then
+# (name, value) pairs that are set. Replies: 'ok' | 'repeat' | 'no_branch'. The token
+# field makes a retried call a no-op.
 COUNT_SESSION = (
     _COMMON
     + """
-local ttl, b = tonumber(ARGV[1]), ARGV[2]
+local ttl, b, k = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[4])
 if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return 'no_branch' end
 if redis.call('HSETNX', cnt, 't:' .. ARGV[3], 1) == 0 then return 'repeat' end
-for i = 4, #ARGV, 2 do redis.call('HINCRBY', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+for i = 5, 4 + 2 * k, 2 do redis.call('HINCRBY', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+for i = 5 + 2 * k, #ARGV, 2 do redis.call('HSET', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
 touch(ttl)
 return 'ok'
 """

@@ -278,19 +278,28 @@ class RedisStore(SessionStore):
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(
-        self, tenant: str, session: str, branch: int, counts: Mapping[str, int], *, token: str
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
     ) -> None:
         keys = self._keys(tenant, session)
+        latest = latest or {}
         check_branch(branch)
-        check_counts(counts, token)
+        check_counts(counts, token, latest)
         pairs = [x for name, value in counts.items() for x in (name, value)]
+        sets = [x for name, value in latest.items() for x in (name, value)]
         tenant_keys = [self._tenant_key(tenant, "counts"), self._tenant_key(tenant, f"tok:{token}")]
         token_ttl_ms = int(COUNT_TOKEN_TTL_S * 1000)
         async with self._guard():
             # Two scripts (the session's keys and the tenant's live on different Cluster
             # shards), one round trip.
             pipe = self._redis.pipeline(transaction=False)
-            session_args = [self._ttl_ms, branch, token, *pairs]
+            session_args = [self._ttl_ms, branch, token, len(counts), *pairs, *sets]
             await self._count_session(keys=keys, args=session_args, client=pipe)
             await self._count_tenant(keys=tenant_keys, args=[token_ttl_ms, *pairs], client=pipe)
             await pipe.execute()

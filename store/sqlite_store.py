@@ -397,12 +397,20 @@ class SQLiteStore(SessionStore):
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(
-        self, tenant: str, session: str, branch: int, counts: Mapping[str, int], *, token: str
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
     ) -> None:
         check_id("tenant", tenant)
         check_id("session", session)
         check_branch(branch)
-        check_counts(counts, token)
+        latest = latest or {}
+        check_counts(counts, token, latest)
 
         def add(conn: sqlite3.Connection) -> None:
             now = time.time()
@@ -427,6 +435,10 @@ class SQLiteStore(SessionStore):
                 "INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (sid, branch, name)"
                 " DO UPDATE SET value = value + excluded.value",
                 [(sid, branch, name, value) for name, value in counts.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
+                [(sid, branch, name, value) for name, value in latest.items()],
             )
 
         await self._run(add, write=True)
