@@ -195,3 +195,21 @@ async def test_64_concurrent_identical_requests_are_all_counted(
     assert counts["requests"] == 64 and tenant_counts["requests"] == 64
     # identical requests: each reported the same prompt tokens, all of them added
     assert counts["upstream_prompt_tokens"] % 64 == 0 and counts["upstream_prompt_tokens"] > 0
+
+
+def test_tenant_settings_are_checked_at_startup():
+    from gateway.tenants import Tenants
+
+    for table, message in (
+        ({"acme": {"requests_per_minte": 5}}, "unknown keys requests_per_minte"),
+        ({"acme": {"sessions": 0}}, "sessions must be a positive integer"),
+        ({"acme": {"strategy": "refol"}}, "'refol' is not one of"),
+        ({"acme": {"upstream_fields": ["cache_salt"]}}, "upstream_fields"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Tenants(table, None)
+    tenants = Tenants({"*": {"sessions": 3}, "acme": {"sessions": 9}}, SECRET.encode())
+    assert (tenants.settings("acme").sessions, tenants.settings("other").sessions) == (9, 3)
+    # salts: one per tenant id, stable, and unguessable without the secret
+    assert tenants.cache_salt("acme") == salt("acme") != tenants.cache_salt("acme ")
+    assert Tenants({}, b"another secret").cache_salt("acme") != salt("acme")
