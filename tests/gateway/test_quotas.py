@@ -90,16 +90,26 @@ def toml(config: GatewayConfig) -> str:
 
 
 async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url, tmp_path):
-    tenant = f"shared-{uuid.uuid4().hex[:8]}"
-    keys, headers = keyed(tenant)
+    rated, rated_headers = keyed(f"rated-{uuid.uuid4().hex[:8]}")
+    counted, counted_headers = keyed(f"sessions-{uuid.uuid4().hex[:8]}")
     fake = await FakeUpstream().start()
     config = GatewayConfig(
         store_url=redis_url,
         replicas=(fake.url,),
         probe_interval_s=0.5,
-        api_keys=keys,
-        tenants={tenant: {"requests_per_minute": 6, "sessions": 2}},
+        api_keys={**rated, **counted},
+        tenants={
+            next(iter(rated.values())): {"requests_per_minute": 6},
+            next(iter(counted.values())): {"sessions": 2},
+        },
     )
+
+    async def post(url: str, headers: dict, session: str, path: str = "/v1/chat/completions"):
+        body = {**chat(f"in {session}"), "max_tokens": 8}
+        return await client.post(
+            f"{url}{path}", json=body, headers={**headers, "x-session-id": session}
+        )
+
     try:
         await away_from_the_minute_turn()
         async with (
@@ -107,59 +117,25 @@ async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url,
             gateway_process(toml(config), tmp_path) as second,
             httpx.AsyncClient(timeout=30) as client,
         ):
-            statuses = []
-            for i in range(10):
-                url = (first, second)[i % 2]
-                resp = await client.post(
-                    f"{url}/v1/chat/completions",
-                    json=chat(f"request {i}"),
-                    headers={**headers, "x-session-id": f"s{min(i, 1)}"},
-                )
-                statuses.append(resp.status_code)
-            # two sessions (s0, s1) live: a third is refused by either process
-            over = await client.post(
-                f"{second}/v1/messages",
-                json={**chat("new"), "max_tokens": 8},
-                headers={**headers, "x-session-id": "s2"},
-            )
+            rates = [
+                (await post((first, second)[i % 2], rated_headers, f"s{i % 3}")).status_code
+                for i in range(10)
+            ]
+            refused = await post(second, rated_headers, "s0", "/v1/messages")
+            sessions = [
+                (await post(url, counted_headers, session)).status_code
+                for url, session in ((first, "a"), (second, "b"), (first, "c"), (second, "a"))
+            ]
     finally:
         await fake.stop()
-    print(f"\nrequests_per_minute=6 over two gateway processes: {statuses}")
-    assert statuses == [200] * 6 + [429] * 4
-    assert over.status_code == 429
-    assert "limit of 6 requests per minute" in over.json()["error"]["message"]
-
-
-async def test_session_limit_holds_across_processes(redis_url, tmp_path):
-    tenant = f"sessions-{uuid.uuid4().hex[:8]}"
-    keys, headers = keyed(tenant)
-    fake = await FakeUpstream().start()
-    config = GatewayConfig(
-        store_url=redis_url,
-        replicas=(fake.url,),
-        probe_interval_s=0.5,
-        api_keys=keys,
-        tenants={tenant: {"sessions": 2}},
-    )
-    try:
-        async with (
-            running_gateway(config) as first,
-            gateway_process(toml(config), tmp_path) as second,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
-            statuses = []
-            for url, session in ((first, "a"), (second, "b"), (first, "c"), (second, "a")):
-                resp = await client.post(
-                    f"{url}/v1/chat/completions",
-                    json=chat(f"in {session}"),
-                    headers={**headers, "x-session-id": session},
-                )
-                statuses.append(resp.status_code)
-    finally:
-        await fake.stop()
-    assert statuses == [200, 200, 429, 200]
+    print(f"\nrequests_per_minute=6 over two gateway processes: {rates}")
+    print(f"sessions=2 over two gateway processes (a, b, c, a): {sessions}")
+    assert rates == [200] * 6 + [429] * 4
+    assert refused.status_code == 429
+    assert "limit of 6 requests per minute" in refused.json()["error"]["message"]
+    assert sessions == [200, 200, 429, 200]
     async with store_at(redis_url) as store:
-        assert sorted(await store.list_sessions(tenant)) == ["a", "b"]
+        assert sorted(await store.list_sessions(next(iter(counted.values())))) == ["a", "b"]
 
 
 async def test_429_in_each_dialect_shape_with_retry_after(gateway_with_fake, client):
