@@ -14,6 +14,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 
 from gateway import metrics
 from gateway.config import GatewayConfig
@@ -90,8 +91,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
             }
             status = "ok"
             if prepared.stream:
-                stream, lease = _released(endpoint.stream(chunks), lease), None
-                return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+                # The slot comes back when the stream ends or is closed, or, for a client
+                # gone before the first frame (the stream never starts), after the response.
+                stream = _released(endpoint.stream(chunks), lease)
+                release, lease = BackgroundTask(lease.release), None
+                return StreamingResponse(
+                    stream, media_type="text/event-stream", headers=headers, background=release
+                )
             return JSONResponse(await endpoint.response(chunks), headers=headers)
         except DialectError as exc:
             return endpoint.error(exc)
