@@ -1,13 +1,13 @@
 """Per-branch accounting: what each request of a session cost and what the gateway did to it.
 
-It lives in the branch's render state (the store's versioned per-branch blob) as one JSON
-object: running totals at the top level, and ``log``, one record per request in arrival
-order. A record keeps ``messages``, the length of the history the request carried, so
-what the model saw at that request can be rendered again from the stored history, which
-never changes (``gateway.session_view``).
+Running totals are the store's counters (``add_counts``: atomic increments, exact under
+concurrency); ``log``, one record per request in arrival order, lives in the branch's render
+state (the store's versioned per-branch blob). A record keeps ``messages``, the length of
+the history the request carried, so what the model saw at that request can be rendered
+again from the stored history, which never changes (``gateway.session_view``).
 
-Written after the reply (the client does not wait), with a compare-and-set loop so that
-two gateway replicas accounting the same branch at once both land.
+Written after the reply (the client does not wait); the log with a compare-and-set loop so
+that two gateway replicas accounting the same branch at once both land.
 """
 
 from __future__ import annotations
@@ -111,14 +111,10 @@ def parse(data: bytes | None) -> Ledger:
 async def record(
     store: SessionStore, tenant: str, session: str, branch: int, request: RequestRecord
 ) -> None:
-    """Add one request to the branch's ledger."""
-    entry = asdict(request)
-    entry["requests"] = 1
+    """Add one request to the branch's log (its totals are counted by the caller)."""
     for _ in range(CAS_ATTEMPTS):
         version, data = await store.get_state(tenant, session, branch)
         state = json.loads(data) if data else {}
-        for name in SUMMED:
-            state[name] = state.get(name, 0) + entry[name]
         state["log"] = [*state.get("log", ()), asdict(request)]
         try:
             await store.put_state(tenant, session, branch, version, json.dumps(state).encode())
@@ -130,4 +126,6 @@ async def record(
 async def read(store: SessionStore, tenant: str, session: str, branch: int) -> Ledger:
     """The branch's ledger; ``store.NotFound`` when the session or branch does not exist."""
     _, data = await store.get_state(tenant, session, branch)
-    return parse(data)
+    counts = await store.get_counts(tenant, session, branch)
+    ledger = parse(data)
+    return Ledger({name: int(counts.get(name, 0)) for name in SUMMED}, ledger.log)

@@ -4,6 +4,7 @@ No ``from __future__ import annotations`` here: Ray Serve's ingress resolves the
 signatures at run time.
 """
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,14 +14,17 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError, too_large
 from gateway.endpoints import ANTHROPIC, OPENAI, Endpoint
-from gateway.identity import UnknownApiKey
+from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
+from gateway.quotas import Lease, QuotaExceeded
 from gateway.sessions_api import sessions_router
+from gateway.tenants import check_key_hashes
 from gateway.upstream import UpstreamClient, UpstreamError
 from router import NoHealthyReplica, ReplicaPool, make_policy
 from store import SessionTooLarge, StoreUnavailable, open_store
@@ -32,14 +36,23 @@ RETRY_AFTER_S = "2"
 
 def create_app(config: GatewayConfig) -> FastAPI:
     """The gateway app; opens the store and starts the replica pool in its lifespan."""
+    check_key_hashes(config.api_keys)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not config.api_keys:
+            log.warning(
+                "no API keys configured: every client shares tenant %r (its sessions, "
+                "quotas and the replicas' prefix cache)",
+                config.default_tenant,
+            )
         store = open_store(config.store_url)
         pool = _make_pool(config)
         await pool.start()
-        upstream = UpstreamClient(config.connect_timeout_s, config.upstream_timeout_s)
+        upstream = UpstreamClient(
+            config.connect_timeout_s, config.upstream_timeout_s, config.upstream_idle_timeout_s
+        )
         policy = make_policy(
             config.policy,
             assignments=store,
@@ -61,8 +74,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         pipeline: Pipeline = state["pipeline"]
         strategy = request.headers.get(config.strategy_header) or config.strategy
         status = "error"
+        lease: Lease | None = None
         try:
-            body = await _read_json(request, config.max_body_bytes)
+            # Who is asking, and whether the tenant may ask now, before the body is read.
+            tenant = resolve_tenant(request.headers, config)
+            lease = await pipeline.quotas.admit(tenant)
+            body = await _read_json(request, config.max_body_bytes, config.body_timeout_s)
             decoded = pipeline.decode(endpoint.codec, body, request.headers)
             prepared = await pipeline.prepare(decoded, body, request.headers)
             strategy = prepared.strategy
@@ -75,14 +92,23 @@ def create_app(config: GatewayConfig) -> FastAPI:
             }
             status = "ok"
             if prepared.stream:
+                # The slot comes back when the stream ends or is closed, or, for a client
+                # gone before the first frame (the stream never starts), after the response.
+                stream = _released(endpoint.stream(chunks), lease)
+                release, lease = BackgroundTask(lease.release), None
                 return StreamingResponse(
-                    endpoint.stream(chunks), media_type="text/event-stream", headers=headers
+                    stream, media_type="text/event-stream", headers=headers, background=release
                 )
             return JSONResponse(await endpoint.response(chunks), headers=headers)
         except DialectError as exc:
             return endpoint.error(exc)
         except UnknownApiKey as exc:
             return endpoint.error(DialectError(str(exc), status=401, kind="authentication_error"))
+        except QuotaExceeded as exc:
+            return endpoint.error(
+                DialectError(str(exc), status=429, kind="rate_limit_error"),
+                headers={"retry-after": str(exc.retry_after_s)},
+            )
         except SessionTooLarge as exc:
             return endpoint.error(too_large(str(exc)))
         except StoreUnavailable as exc:
@@ -101,7 +127,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
         except UpstreamError as exc:
             return endpoint.upstream_error(exc)
         finally:
-            metrics.REQUESTS.labels(endpoint.name, strategy, status).inc()
+            if lease is not None:
+                await lease.release()
+            metrics.REQUESTS.labels(endpoint.name, metrics.strategy_label(strategy), status).inc()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -140,15 +168,30 @@ def _make_pool(config: GatewayConfig) -> ReplicaPool:
     return ReplicaPool(config.replicas, probe_interval_s=config.probe_interval_s)
 
 
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+async def _released(stream: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:
+    """``stream``, giving the request's slot back when it ends (or the client leaves)."""
+    try:
+        async for frame in stream:
+            yield frame
+    finally:
+        await lease.release()
+
+
+async def _read_json(request: Request, limit: int, timeout_s: float) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
     raw = bytearray()
-    async for piece in request.stream():
-        raw.extend(piece)
-        if len(raw) > limit:
-            raise too_large(f"request body exceeds the limit of {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for piece in request.stream():
+                raw.extend(piece)
+                if len(raw) > limit:
+                    raise too_large(f"request body exceeds the limit of {limit} bytes")
+    except TimeoutError as exc:
+        raise DialectError(
+            f"request body not received within {timeout_s:g} s", status=408, kind="timeout_error"
+        ) from exc
     try:
         # orjson: a 128 KB history parses in half the time of the json module's.
         body = orjson.loads(raw)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway.importers import Trajectory, TrajectoryFormatError, load_trajectories
+from gateway.keys_cli import keys
 from gateway.replay import (
     FOLD_MODES,
     MODEL_KV_BYTES_PER_TOKEN,
@@ -208,3 +209,4 @@ def replay_command(
 
 main.add_command(serve)
 main.add_command(sessions)
+main.add_command(keys)

@@ -6,6 +6,7 @@ routing, one default tenant.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -34,7 +35,14 @@ class GatewayConfig:
     strategy_header: str = "x-foldgate-strategy"
     fold_header: str = "x-foldgate-fold"
     api_keys: dict[str, str] = field(default_factory=dict)
-    """API key -> tenant. Empty: every request belongs to the default tenant."""
+    """API key hash (``sha256:<hex>``, from ``foldgate keys``) -> tenant. Empty: every
+    request belongs to the default tenant."""
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Tenant -> defaults and limits (``gateway.tenants.TenantSettings``); ``"*"`` for every
+    tenant without a table of its own."""
+    cache_salt_secret: str | None = None
+    """Server secret for vLLM ``cache_salt`` per tenant; every gateway process of a
+    deployment needs the same one. Unset: a random secret per process (a warning says so)."""
     tenant_fold: dict[str, str] = field(default_factory=dict)
     """Tenant -> ReFold fold mode, for tenants whose agents should not be asked (or should
     be asked from the start); the ``x-foldgate-fold`` header overrides it per request."""
@@ -43,7 +51,19 @@ class GatewayConfig:
     """Model name sent upstream; unset: the one model the replicas serve, else the client's."""
     max_body_bytes: int = 32 * 1024 * 1024
     upstream_timeout_s: float = 600.0
+    """Seconds to wait for a replica's first chunk (queueing and prefill); a generation may
+    then run as long as chunks keep coming (``upstream_idle_timeout_s``)."""
+    upstream_idle_timeout_s: float = 120.0
+    """Seconds a replica may go silent between two chunks of one reply."""
     connect_timeout_s: float = 5.0
+    header_timeout_s: float = 15.0
+    """Seconds a client has to send a request's headers (``foldgate serve``)."""
+    body_timeout_s: float = 60.0
+    """Seconds a client has to send a request's body."""
+    keep_alive_s: float = 30.0
+    """Seconds an idle client connection is kept open."""
+    max_concurrency: int = 1024
+    """Connections and requests one gateway process serves at once; more get a 503."""
     max_restores: int = 3
     max_attempts: int = 3
     assignment_ttl_s: float = 3600.0
@@ -77,7 +97,9 @@ def _from_env(name: str, raw: str) -> Any:
         return tuple(u for u in raw.split(",") if u)
     if name in {"api_keys", "tenant_fold"}:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
-    if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts"}:
+    if name == "tenants":
+        return json.loads(raw)
+    if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts", "max_concurrency"}:
         return int(raw)
     if name == "ui":
         return raw.strip().lower() in {"1", "true", "yes", "on"}

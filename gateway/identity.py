@@ -12,13 +12,14 @@ from typing import Any
 import xxhash
 
 from gateway.config import GatewayConfig
+from gateway.tenants import hash_key
 from gateway.transcript import Transcript
 
 MAX_SESSION_ID_CHARS = 256
 
 
 class UnknownApiKey(Exception):
-    """The request's API key is not in the configured key -> tenant table."""
+    """The request's API key is not in the configured key-hash -> tenant table."""
 
 
 def api_key_of(headers: Mapping[str, str]) -> str | None:
@@ -29,12 +30,14 @@ def api_key_of(headers: Mapping[str, str]) -> str | None:
 
 
 def resolve_tenant(headers: Mapping[str, str], config: GatewayConfig) -> str:
+    """The tenant whose key the request carries; without configured keys, the default."""
     if not config.api_keys:
         return config.default_tenant
     key = api_key_of(headers)
-    if key is None or key not in config.api_keys:
+    tenant = config.api_keys.get(hash_key(key)) if key is not None else None
+    if tenant is None:
         raise UnknownApiKey("invalid or missing API key")
-    return config.api_keys[key]
+    return tenant
 
 
 def resolve_session(

@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from gateway.fold import STRATEGIES
+
+# Labels take a bounded set of values: a client's header must not mint a series per value.
+MAX_LABELLED_PARTS = 2
+OTHER = "other"
+
+
+def strategy_label(spec: str) -> str:
+    """``spec`` when it names known strategies (at most two composed), else "other"."""
+    parts = spec.split("+")
+    if len(parts) <= MAX_LABELLED_PARTS and all(p in STRATEGIES for p in parts):
+        return spec
+    return OTHER
+
+
 REQUESTS = Counter(
     "foldgate_requests_total",
     "Requests by dialect, strategy and status",

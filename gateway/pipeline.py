@@ -8,8 +8,10 @@ client's dialect. Every reply is read upstream as a stream of OpenAI chunks.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,14 +27,20 @@ from gateway.fold.cliff import Cliff
 from gateway.fold.renderer import Renderer, RenderState, RenderStats, estimate_tokens
 from gateway.fold.restore import parse_restore_spec, restore_outputs
 from gateway.identity import resolve_session, resolve_tenant
+from gateway.quotas import Quotas
 from gateway.replies import Decision, ReplyFilter
 from gateway.request_cache import Codec, DecodeCache, Decoded, MessageMemo, session_ids
+from gateway.tenants import Tenants, salt_secret
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RoutingPolicy, with_failover
 from router.replica import Replica
+from store import StoreUnavailable
+
+log = logging.getLogger("foldgate")
 
 RENDER_CACHE_SESSIONS = 4096
+ACCOUNT_ATTEMPTS = 3
 UNBOUNDED_TOKENS = 1 << 40
 _CONTEXT_TOO_LONG = re.compile(
     r"maximum context length|maximum model length|context length|prompt is too long", re.I
@@ -110,6 +118,10 @@ class Pipeline:
         self._model_discovered = False
         self._accounting: set[asyncio.Task[None]] = set()
         self._decoded = DecodeCache()
+        self.tenants = Tenants(
+            config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
+        )
+        self.quotas = Quotas(store, self.tenants)
 
     async def drain(self) -> None:
         """Wait for accounting still in flight (before the store closes)."""
@@ -169,14 +181,20 @@ class Pipeline:
         transcript = request.transcript
         tenant = resolve_tenant(headers, self.config)
         session = resolve_session(headers, body, tenant, transcript, self.config)
-        strategy = headers.get(self.config.strategy_header) or self.config.strategy
+        settings = self.tenants.settings(tenant)
+        strategy = (
+            headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy
+        )
         fold = (
             headers.get(self.config.fold_header)
             or self.config.tenant_fold.get(tenant)
             or self.config.fold
         )
         self.renderer(strategy, fold)
-        stored = await self.store.ingest(tenant, session, request.stored)
+        await self.quotas.admit_prompt(tenant, session, request.tokens)
+        stored = await self.store.ingest(
+            tenant, session, request.stored, max_bytes=settings.session_bytes
+        )
         history, restored = await self._history(tenant, session, stored.branch_id, transcript)
         return Prepared(
             tenant=tenant,
@@ -238,6 +256,7 @@ class Pipeline:
         body["stream_options"] = {"include_usage": True}
         if self.upstream_model:
             body["model"] = self.upstream_model
+        self.tenants.scope_upstream_body(prepared.tenant, body)
         return body
 
     async def models(self) -> list[dict[str, Any]]:
@@ -431,6 +450,25 @@ class Pipeline:
             overflow_retries=prepared.overflow_retries,
             at=time.time(),
         )
+        # Totals by atomic increments (exact under concurrency); the per-request record
+        # beside them is for the session view.
+        counts = {name: getattr(request, name) for name in accounting.SUMMED if name != "requests"}
+        counts["requests"] = 1
+        # The request's own token: a write retried after a lost reply adds nothing, while
+        # concurrent identical requests each add theirs.
+        token = uuid.uuid4().hex
+        for attempt in range(ACCOUNT_ATTEMPTS):
+            try:
+                await self.store.add_counts(
+                    prepared.tenant, prepared.session, prepared.branch, counts, token=token
+                )
+                await self.quotas.record_upstream(prepared.tenant, prompt)
+                break
+            except StoreUnavailable as exc:
+                if attempt + 1 == ACCOUNT_ATTEMPTS:
+                    log.warning("accounting of session %r lost: %s", prepared.session, exc)
+                    return
+                await asyncio.sleep(0.5 * 2**attempt)
         await accounting.record(
             self.store, prepared.tenant, prepared.session, prepared.branch, request
         )

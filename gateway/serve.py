@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -118,7 +119,8 @@ def serve(
     upstreams = ",".join(config.replicas) or config.replica_dns
     click.echo(
         f"foldgate on http://{host}:{port}  strategy={config.strategy} policy={config.policy} "
-        f"store={config.store_url or 'sqlite (embedded)'} replicas={upstreams}"
+        f"store={redact_url(config.store_url) if config.store_url else 'sqlite (embedded)'} "
+        f"replicas={upstreams}"
     )
     if config.ui:
         click.echo(f"inspector on http://{host}:{port}/ui")
@@ -128,8 +130,19 @@ def serve(
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.http_server import uvicorn_config
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn_config(create_app(config), config, host, port)).run()
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (``redis://user:secret@host``) replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo = f"{parts.username or ''}:***"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
 
 
 def _serve_ray(

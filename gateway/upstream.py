@@ -4,10 +4,14 @@ Requests always go upstream as streaming OpenAI chat completions, whatever the c
 for: one code path reads every reply chunk by chunk (restore detection, accounting), and a
 non-streaming client gets the chunks assembled. Nothing is retried here; the router's
 failover decides, and only before the first chunk reached the client.
+
+Timeouts: connecting, the first chunk (queueing and prefill), then the gap between two
+chunks; a generation may run as long as it keeps streaming.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -37,15 +41,14 @@ class UpstreamError(UpstreamFailed):
 @dataclass
 class UpstreamClient:
     connect_timeout_s: float = 5.0
-    total_timeout_s: float = 600.0
+    first_chunk_timeout_s: float = 600.0
+    idle_timeout_s: float = 120.0
     _session: aiohttp.ClientSession | None = None
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(
-                    total=self.total_timeout_s, sock_connect=self.connect_timeout_s
-                ),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=30),
             )
         return self._session
@@ -56,7 +59,9 @@ class UpstreamClient:
 
     async def get_json(self, url: str) -> Any:
         session = await self.session()
-        async with session.get(url) as resp:
+        async with session.get(
+            url, timeout=aiohttp.ClientTimeout(total=self.idle_timeout_s)
+        ) as resp:
             resp.raise_for_status()
             return await resp.json()
 
@@ -68,6 +73,18 @@ class UpstreamClient:
         Returns once the first chunk is in hand, so every failure a retry could fix is
         raised from here, before the caller has sent anything to its client.
         """
+        try:
+            async with asyncio.timeout(self.first_chunk_timeout_s):
+                return await self._open(base_url, body, headers)
+        except TimeoutError as exc:
+            raise UpstreamError(
+                f"{base_url}: no first chunk within {self.first_chunk_timeout_s:g} s",
+                retryable=True,
+            ) from exc
+
+    async def _open(
+        self, base_url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None
+    ) -> ChatStream:
         session = await self.session()
         try:
             # orjson: encoding a 128 KB history takes a tenth of the json module's time.
@@ -76,7 +93,7 @@ class UpstreamClient:
                 data=orjson.dumps(body),
                 headers={**(headers or {}), "content-type": "application/json"},
             )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(f"{base_url}: {exc!r}", retryable=True) from exc
         if resp.status != 200:
             text = await resp.text()
@@ -91,10 +108,10 @@ class UpstreamClient:
                 status=resp.status,
                 body=detail,
             )
-        stream = ChatStream(resp)
+        stream = ChatStream(resp, self.idle_timeout_s)
         try:
             await stream.prefetch()
-        except UpstreamError:
+        except BaseException:  # an error, or the first-chunk timeout cancelling the read
             resp.release()
             raise
         return stream
@@ -103,8 +120,10 @@ class UpstreamClient:
 class ChatStream:
     """Parsed ``chat.completion.chunk`` dicts of one upstream SSE response."""
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, idle_timeout_s: float | None = None) -> None:
         self._resp = resp
+        self._idle_timeout_s = idle_timeout_s
+        self._started = False  # a chunk has arrived
         self._first: dict[str, Any] | None = None
         self._events = self._parse()
 
@@ -116,9 +135,23 @@ class ChatStream:
                 "upstream closed the stream before any chunk", retryable=True
             ) from exc
 
+    async def _lines(self) -> AsyncIterator[bytes]:
+        """The response's lines; after the first chunk, each within the idle timeout (the
+        first is bounded by the caller's first-chunk timeout)."""
+        content = self._resp.content
+        while True:
+            if not self._started:
+                raw = await content.readline()
+            else:
+                async with asyncio.timeout(self._idle_timeout_s):
+                    raw = await content.readline()
+            if not raw:
+                return
+            yield raw
+
     async def _parse(self) -> AsyncIterator[dict[str, Any]]:
         try:
-            async for raw in self._resp.content:
+            async for raw in self._lines():
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -130,10 +163,11 @@ class ChatStream:
                     raise UpstreamError(
                         f"upstream stream error: {chunk['error']}", retryable=False, body=chunk
                     )
+                self._started = True
                 yield chunk
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(
-                f"upstream stream broke: {exc!r}", retryable=self._first is None
+                f"upstream stream broke: {exc!r}", retryable=not self._started
             ) from exc
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:

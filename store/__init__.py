@@ -1,8 +1,10 @@
 """Session store: append-only histories, forks, render state and the router's assignments."""
 
 from store.base import (
+    Charge,
     IngestResult,
     NotFound,
+    Refusal,
     SessionStore,
     SessionTooLarge,
     StoredHistory,
@@ -13,8 +15,10 @@ from store.base import (
 from store.factory import default_sqlite_path, open_store
 
 __all__ = [
+    "Charge",
     "IngestResult",
     "NotFound",
+    "Refusal",
     "SessionStore",
     "SessionTooLarge",
     "StoreError",

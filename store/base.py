@@ -21,8 +21,15 @@ Model (both backends):
   ``put_state`` is a compare-and-set that raises ``VersionConflict``; repeating a call
   that went through (same expected version, same data) returns its version, so a retry
   after a lost reply is safe. Forks start empty.
+- Counters: named integers per branch and per tenant, changed only by atomic increments
+  (``add_counts``), so concurrent requests never lose one another's counts. A call carries
+  a token of its own (the request id): repeating it (a retry after a lost reply) adds
+  nothing, while two different calls with equal counts both add.
+- Quota charges (``charge``): per-tenant counters in fixed time windows (or gauges, such as
+  requests in flight), checked against their limits and added all together or not at all,
+  so every gateway process sharing the store enforces one limit.
 - Every call on a session refreshes its TTL. The size cap counts stored history bytes
-  (message bodies, blobs, gateway turns), not render state.
+  (message bodies, blobs, gateway turns), not render state or counters.
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ DEFAULT_TTL_S = 7 * 24 * 3600.0
 DEFAULT_MAX_SESSION_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 2.0
 MAX_ID_LEN = 512
+# How long a counting token is remembered: a retry arrives within seconds, never an hour.
+COUNT_TOKEN_TTL_S = 3600.0
+# A gauge (a charge without a window, e.g. requests in flight) expires this long after its
+# last change, so slots a crashed gateway process held are freed in the end.
+GAUGE_TTL_S = 900.0
 
 Message = Mapping[str, Any]
 
@@ -80,6 +92,53 @@ class IngestResult:
     def first_new(self) -> int:
         """Index of the first message this call stored (== step_count when none)."""
         return self.step_count - self.appended
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """Add ``amount`` to the tenant's counter ``name`` unless that passes ``limit``.
+
+    ``window_s``: the counter restarts every ``window_s`` seconds (fixed windows aligned to
+    the epoch); None: a gauge that is raised and lowered (``amount`` may be negative).
+    ``limit`` None only counts. A charge of 0 with a limit checks the counter is below it.
+    """
+
+    name: str
+    amount: int
+    limit: int | None = None
+    window_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why ``charge`` added nothing: the counter (or ``"sessions"``) and its value."""
+
+    name: str
+    current: int
+    limit: int
+
+
+def window_key(charge: Charge, now: float) -> tuple[str, float]:
+    """The stored counter name of a charge at time ``now`` and how long to keep it."""
+    if charge.window_s is None:
+        return charge.name, GAUGE_TTL_S
+    if charge.window_s <= 0:
+        raise ValueError(f"charge window must be positive, got {charge.window_s}")
+    return f"{charge.name}@{int(now // charge.window_s)}", 2 * charge.window_s
+
+
+def over_limit(current: int, charge: Charge) -> bool:
+    return charge.limit is not None and current + max(charge.amount, 1) > charge.limit
+
+
+def check_counts(counts: Mapping[str, int], token: str, latest: Mapping[str, int]) -> None:
+    for name, value in (*counts.items(), *latest.items()):
+        check_id("counter name", name)
+        if ":" in name or "@" in name:
+            raise ValueError(f"counter name {name!r} must not contain ':' or '@'")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"counter {name!r} must be an int, got {value!r}")
+    check_id("count token", token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +229,11 @@ def assemble(
     )
 
 
+def session_cap(store_cap: int, max_bytes: int | None) -> int:
+    """The size cap of one ingest: the store's, or a smaller one the caller asks for."""
+    return store_cap if max_bytes is None else min(store_cap, max_bytes)
+
+
 def too_large(tenant: str, session: str, stored: int, adding: int, cap: int) -> SessionTooLarge:
     return SessionTooLarge(
         f"session {session!r} of tenant {tenant!r} would grow to {stored + adding} bytes "
@@ -257,8 +321,18 @@ class SessionStore(ABC):
         self._digests = DigestCache(digest_cache_sessions)
 
     @abstractmethod
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
-        """Store the history a harness sent; see the module doc for which branch it lands on."""
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
+        """Store the history a harness sent; see the module doc for which branch it lands on.
+
+        ``max_bytes``: a size cap for this session below the store's (a tenant's limit).
+        """
 
     @abstractmethod
     async def load(
@@ -285,6 +359,49 @@ class SessionStore(ABC):
         self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
     ) -> int:
         """Write render state if the stored version is ``expected_version``; new version."""
+
+    @abstractmethod
+    async def add_counts(
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
+    ) -> None:
+        """Add ``counts`` to the branch's counters and to the tenant's, by atomic increments.
+
+        ``token`` names this call (a request id): a repeated call with the same token adds
+        nothing. ``latest``: branch values that are set, not added (what the last request
+        saw, e.g. its prompt size); the tenant's counters do not take them. A branch that no
+        longer exists (session deleted or expired) gets nothing; the tenant's counters are
+        added all the same.
+        """
+
+    @abstractmethod
+    async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
+        """The branch's counters (empty when never counted); ``NotFound`` if absent."""
+
+    @abstractmethod
+    async def get_tenant_counts(self, tenant: str) -> dict[str, int]:
+        """The tenant's counters, summed over all its sessions ever counted."""
+
+    @abstractmethod
+    async def charge(
+        self,
+        tenant: str,
+        charges: Sequence[Charge],
+        *,
+        session: str | None = None,
+        max_sessions: int | None = None,
+    ) -> Refusal | None:
+        """Add every charge, or none when one would pass its limit (that one is returned).
+
+        With ``session`` and ``max_sessions``: also refused (as ``"sessions"``) when the
+        session is not live yet and the tenant already has ``max_sessions`` live sessions.
+        """
 
     @abstractmethod
     async def get_assignment(self, tenant: str, session: str) -> str | None:

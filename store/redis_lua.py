@@ -1,19 +1,23 @@
 """Lua scripts that make every Redis write of the session store atomic.
 
-All scripts take the six keys of one session (one hash tag, so they run on one Cluster
-shard): meta, chain, msgs, blobs, gw, state. Each checks everything before its first write,
-so an error reply never leaves a partial write behind.
+All session scripts take the seven keys of one session (one hash tag, so they run on one
+Cluster shard): meta, chain, msgs, blobs, gw, state, counts. Each checks everything before
+its first write, so an error reply never leaves a partial write behind.
 
 meta (hash): nb (branch count), head, bytes, and per branch b: p<b> parent, f<b> fork
 index, l<b> history length. chain / msgs (hash): "<b>:<i>" -> chained digest / packed
 message at history index i, for a branch's own messages only. blobs: digest -> blob.
 gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: "<b>:v", "<b>:d".
+counts: "<b>:<name>" -> integer, "t:<token>" for every counting call already applied.
+Tenant scripts take keys under the tenant's own tag: its counters, token keys, quota
+counters and session index.
 """
 
 _COMMON = """
 local meta, chainkey, msgs, blobs, gw, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local cnt = KEYS[7]
 local function touch(ttl)
-  for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 -- (digest, body) pairs in ARGV from index ``first`` that the session does not hold yet,
 -- and the bytes they add (body + 16-byte digest each).
@@ -157,6 +161,58 @@ touch(ttl)
 return {'ok', v + 1}
 """
 )
+
+# ARGV: ttl_ms, branch, token, k (number of added pairs), then k (name, amount) pairs, then
+# (name, value) pairs that are set. Replies: 'ok' | 'repeat' | 'no_branch'. The token
+# field makes a retried call a no-op.
+COUNT_SESSION = (
+    _COMMON
+    + """
+local ttl, b, k = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[4])
+if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return 'no_branch' end
+if redis.call('HSETNX', cnt, 't:' .. ARGV[3], 1) == 0 then return 'repeat' end
+for i = 5, 4 + 2 * k, 2 do redis.call('HINCRBY', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+for i = 5 + 2 * k, #ARGV, 2 do redis.call('HSET', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+touch(ttl)
+return 'ok'
+"""
+)
+
+# KEYS: the tenant's counters, the token's key. ARGV: token ttl_ms, then (name, amount)
+# pairs. Replies: 'ok' | 'repeat'.
+COUNT_TENANT = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', ARGV[1]) then return 'repeat' end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 'ok'
+"""
+
+# KEYS: the tenant's session index, then one key per charge. ARGV: session ('' for none),
+# max_sessions (-1: none), the index score below which a session has expired, then per
+# charge: amount, limit (-1: none), ttl_ms. Replies: {'ok'} | {'over', i, current} where
+# i = 0 is the session count and i >= 1 the i-th charge. Checks everything, then writes.
+CHARGE = """
+local n = #KEYS - 1
+if ARGV[1] ~= '' and tonumber(ARGV[2]) >= 0 and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+  local live = redis.call('ZCARD', KEYS[1])
+  if live >= tonumber(ARGV[2]) then return {'over', 0, live} end
+end
+for i = 1, n do
+  local amount, limit = tonumber(ARGV[1 + 3 * i]), tonumber(ARGV[2 + 3 * i])
+  if limit >= 0 then
+    local cur = tonumber(redis.call('GET', KEYS[1 + i]) or '0')
+    if cur + math.max(amount, 1) > limit then return {'over', i, cur} end
+  end
+end
+for i = 1, n do
+  local amount = tonumber(ARGV[1 + 3 * i])
+  if amount ~= 0 then
+    if redis.call('INCRBY', KEYS[1 + i], amount) < 0 then redis.call('SET', KEYS[1 + i], 0) end
+    redis.call('PEXPIRE', KEYS[1 + i], ARGV[3 + 3 * i])
+  end
+end
+return {'ok'}
+"""
 
 # KEYS: the assignment key. ARGV: has_expected ('1'/'0'), expected, replica, ttl_ms.
 SET_ASSIGNMENT = """

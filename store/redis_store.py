@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,10 +22,13 @@ from redis.backoff import NoBackoff
 
 from store import codec, redis_lua
 from store.base import (
+    COUNT_TOKEN_TTL_S,
     DEFAULT_TIMEOUT_S,
+    Charge,
     IngestResult,
     Message,
     NotFound,
+    Refusal,
     SessionStore,
     StoredHistory,
     StoreUnavailable,
@@ -34,12 +37,15 @@ from store.base import (
     assemble,
     bad_after_index,
     check_branch,
+    check_counts,
     check_id,
     check_turns,
+    session_cap,
     too_large,
+    window_key,
 )
 
-_SESSION_KEYS = ("meta", "chain", "msgs", "blobs", "gw", "state")
+_SESSION_KEYS = ("meta", "chain", "msgs", "blobs", "gw", "state", "counts")
 _UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, TimeoutError, OSError)
 _MAX_NEED_ROUNDS = 4  # a concurrent fork can move the needed index; a few retries suffice
 
@@ -80,6 +86,9 @@ class RedisStore(SessionStore):
         self._gateway_turns = self._redis.register_script(redis_lua.GATEWAY_TURNS)
         self._put_state = self._redis.register_script(redis_lua.PUT_STATE)
         self._set_assignment = self._redis.register_script(redis_lua.SET_ASSIGNMENT)
+        self._count_session = self._redis.register_script(redis_lua.COUNT_SESSION)
+        self._count_tenant = self._redis.register_script(redis_lua.COUNT_TENANT)
+        self._charge = self._redis.register_script(redis_lua.CHARGE)
 
     # -- keys --------------------------------------------------------------------------
     def _keys(self, tenant: str, session: str) -> list[str]:
@@ -90,8 +99,12 @@ class RedisStore(SessionStore):
     def _assignment_key(self, tenant: str, session: str) -> str:
         return self._keys(tenant, session)[0][: -len("meta")] + "asg"
 
+    def _tenant_key(self, tenant: str, name: str) -> str:
+        """A key under the tenant's own hash tag (its session index, counters, quotas)."""
+        return f"{self._ns}:{{t:{_esc(check_id('tenant', tenant))}}}:{name}"
+
     def _index_key(self, tenant: str) -> str:
-        return f"{self._ns}:{{t:{_esc(check_id('tenant', tenant))}}}:sessions"
+        return self._tenant_key(tenant, "sessions")
 
     @property
     def _ttl_ms(self) -> int:
@@ -106,15 +119,23 @@ class RedisStore(SessionStore):
             raise StoreUnavailable(f"redis at {self._where} is unavailable: {e!r}") from e
 
     # -- history -----------------------------------------------------------------------
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
         keys = self._keys(tenant, session)
         prep = self._digests.prepare(tenant, session, messages)
         n = len(prep.packed)
         chains = b"".join(prep.chains)
         start = prep.known_stored if prep.known_stored else n
+        cap = session_cap(self.max_session_bytes, max_bytes)
         async with self._guard():
             for _ in range(_MAX_NEED_ROUNDS):
-                args: list[Any] = [self._ttl_ms, self.max_session_bytes, chains, start, n - start]
+                args: list[Any] = [self._ttl_ms, cap, chains, start, n - start]
                 blobs: dict[bytes, bytes] = {}
                 for p in prep.packed[start:]:
                     args.append(p.body)
@@ -129,9 +150,7 @@ class RedisStore(SessionStore):
                     start = int(reply[1])
                     continue
                 if kind == b"too_large":
-                    raise too_large(
-                        tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes
-                    )
+                    raise too_large(tenant, session, int(reply[1]), int(reply[2]), cap)
                 await self._redis.zadd(self._index_key(tenant), {session: time.time() * 1000})
                 return IngestResult(int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
@@ -140,7 +159,7 @@ class RedisStore(SessionStore):
         self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
     ) -> StoredHistory:
         keys = self._keys(tenant, session)
-        meta_k, _, msgs_k, blobs_k, gw_k, _ = keys
+        meta_k, _, msgs_k, blobs_k, gw_k, *_ = keys
         if branch is not None:
             check_branch(branch)
         async with self._guard():
@@ -256,6 +275,84 @@ class RedisStore(SessionStore):
         if reply[0] == b"conflict":
             raise VersionConflict(expected_version, int(reply[1]))
         return int(reply[1])
+
+    # -- counters ----------------------------------------------------------------------
+    async def add_counts(
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
+    ) -> None:
+        keys = self._keys(tenant, session)
+        latest = latest or {}
+        check_branch(branch)
+        check_counts(counts, token, latest)
+        pairs = [x for name, value in counts.items() for x in (name, value)]
+        sets = [x for name, value in latest.items() for x in (name, value)]
+        tenant_keys = [self._tenant_key(tenant, "counts"), self._tenant_key(tenant, f"tok:{token}")]
+        token_ttl_ms = int(COUNT_TOKEN_TTL_S * 1000)
+        async with self._guard():
+            # Two scripts (the session's keys and the tenant's live on different Cluster
+            # shards), one round trip.
+            pipe = self._redis.pipeline(transaction=False)
+            session_args = [self._ttl_ms, branch, token, len(counts), *pairs, *sets]
+            await self._count_session(keys=keys, args=session_args, client=pipe)
+            await self._count_tenant(keys=tenant_keys, args=[token_ttl_ms, *pairs], client=pipe)
+            await pipe.execute()
+
+    async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
+        keys = self._keys(tenant, session)
+        check_branch(branch)
+        prefix = f"{branch}:".encode()
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hexists(keys[0], f"l{branch}")
+            pipe.hgetall(keys[6])
+            exists, raw = await pipe.execute()
+        if not exists:
+            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
+        return {
+            k[len(prefix) :].decode(): int(v) for k, v in raw.items() if k.startswith(prefix)
+        }
+
+    async def get_tenant_counts(self, tenant: str) -> dict[str, int]:
+        key = self._tenant_key(tenant, "counts")
+        async with self._guard():
+            raw = await self._redis.hgetall(key)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    async def charge(
+        self,
+        tenant: str,
+        charges: Sequence[Charge],
+        *,
+        session: str | None = None,
+        max_sessions: int | None = None,
+    ) -> Refusal | None:
+        now = time.time()
+        keys = [self._index_key(tenant)]
+        args: list[Any] = [
+            check_id("session", session) if session is not None else "",
+            -1 if max_sessions is None else max_sessions,
+            (now - self.ttl_s) * 1000,
+        ]
+        for c in charges:
+            name, keep_s = window_key(c, now)
+            keys.append(self._tenant_key(tenant, f"q:{_esc(check_id('charge', name))}"))
+            args += [c.amount, -1 if c.limit is None else c.limit, max(1, int(keep_s * 1000))]
+        async with self._guard():
+            reply = await self._charge(keys=keys, args=args)
+        if reply[0] == b"ok":
+            return None
+        which, current = int(reply[1]), int(reply[2])
+        if which == 0:
+            return Refusal("sessions", current, max_sessions or 0)
+        refused = charges[which - 1]
+        return Refusal(refused.name, current, refused.limit or 0)
 
     # -- router assignment -------------------------------------------------------------
     async def get_assignment(self, tenant: str, session: str) -> str | None:

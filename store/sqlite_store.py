@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from store import codec
 from store.base import (
+    COUNT_TOKEN_TTL_S,
     DEFAULT_TIMEOUT_S,
+    Charge,
     IngestResult,
     Message,
     NotFound,
     Prepared,
+    Refusal,
     SessionStore,
     StoredHistory,
     StoreUnavailable,
@@ -31,9 +34,13 @@ from store.base import (
     assemble,
     bad_after_index,
     check_branch,
+    check_counts,
     check_id,
     check_turns,
+    over_limit,
+    session_cap,
     too_large,
+    window_key,
 )
 
 T = TypeVar("T")
@@ -57,13 +64,24 @@ CREATE TABLE IF NOT EXISTS gateway_turns (
 CREATE TABLE IF NOT EXISTS states (
   sid INTEGER, branch INTEGER, version INTEGER, data BLOB,
   PRIMARY KEY (sid, branch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counts (
+  sid INTEGER, branch INTEGER, name TEXT, value INTEGER,
+  PRIMARY KEY (sid, branch, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tenant_counts (
+  tenant TEXT, name TEXT, value INTEGER, PRIMARY KEY (tenant, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS count_tokens (
+  tenant TEXT, token TEXT, expires REAL, PRIMARY KEY (tenant, token)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS count_tokens_expiry ON count_tokens (expires);
+CREATE TABLE IF NOT EXISTS quota_counters (
+  tenant TEXT, name TEXT, value INTEGER, expires REAL,
+  PRIMARY KEY (tenant, name)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS assignments (
   tenant TEXT, session TEXT, replica TEXT, expires REAL,
   PRIMARY KEY (tenant, session)) WITHOUT ROWID;
 """
 # messages and blobs are large rows: rowid tables keep them out of the key b-tree
 # (WITHOUT ROWID tables with rows near the page size waste most of each page)
-_SESSION_TABLES = ("branches", "messages", "blobs", "gateway_turns", "states")
+_SESSION_TABLES = ("branches", "messages", "blobs", "gateway_turns", "states", "counts")
 
 
 class SQLiteStore(SessionStore):
@@ -130,14 +148,22 @@ class SQLiteStore(SessionStore):
         return sid
 
     # -- history -----------------------------------------------------------------------
-    async def ingest(self, tenant: str, session: str, messages: Sequence[Message]) -> IngestResult:
+    async def ingest(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> IngestResult:
         check_id("tenant", tenant)
         check_id("session", session)
         prep = self._digests.prepare(tenant, session, messages)
-        return await self._run(lambda c: self._ingest(c, tenant, session, prep), write=True)
+        cap = session_cap(self.max_session_bytes, max_bytes)
+        return await self._run(lambda c: self._ingest(c, tenant, session, prep, cap), write=True)
 
     def _ingest(
-        self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared
+        self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared, cap: int
     ) -> IngestResult:
         sid = self._sid(conn, tenant, session, create=True)
         head, stored = conn.execute(
@@ -195,8 +221,8 @@ class SQLiteStore(SessionStore):
             is None
         }
         adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
-        if stored + adding > self.max_session_bytes:
-            raise too_large(tenant, session, stored, adding, self.max_session_bytes)
+        if stored + adding > cap:
+            raise too_large(tenant, session, stored, adding, cap)
         if best < 0:
             conn.execute(
                 "INSERT INTO branches VALUES (?, ?, ?, ?, ?)", (sid, target, parent, from_, n)
@@ -368,6 +394,121 @@ class SQLiteStore(SessionStore):
             return current + 1
 
         return await self._run(cas, write=True)
+
+    # -- counters ----------------------------------------------------------------------
+    async def add_counts(
+        self,
+        tenant: str,
+        session: str,
+        branch: int,
+        counts: Mapping[str, int],
+        *,
+        token: str,
+        latest: Mapping[str, int] | None = None,
+    ) -> None:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+        latest = latest or {}
+        check_counts(counts, token, latest)
+
+        def add(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.execute("DELETE FROM count_tokens WHERE expires<?", (now,))
+            seen = conn.execute(
+                "INSERT OR IGNORE INTO count_tokens VALUES (?, ?, ?)",
+                (tenant, token, now + COUNT_TOKEN_TTL_S),
+            )
+            if seen.rowcount == 0:
+                return  # a repeated call: counted already
+            conn.executemany(
+                "INSERT INTO tenant_counts VALUES (?, ?, ?) ON CONFLICT (tenant, name)"
+                " DO UPDATE SET value = value + excluded.value",
+                [(tenant, name, value) for name, value in counts.items()],
+            )
+            sid = self._sid(conn, tenant, session, create=False)
+            if sid is None or conn.execute(
+                "SELECT 1 FROM branches WHERE sid=? AND branch=?", (sid, branch)
+            ).fetchone() is None:
+                return
+            conn.executemany(
+                "INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (sid, branch, name)"
+                " DO UPDATE SET value = value + excluded.value",
+                [(sid, branch, name, value) for name, value in counts.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
+                [(sid, branch, name, value) for name, value in latest.items()],
+            )
+
+        await self._run(add, write=True)
+
+    async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            sid = self._need_sid(conn, tenant, session)
+            self._branch_length(conn, sid, session, branch)
+            rows = conn.execute(
+                "SELECT name, value FROM counts WHERE sid=? AND branch=?", (sid, branch)
+            )
+            return {str(name): int(value) for name, value in rows}
+
+        return await self._run(read, write=True)
+
+    async def get_tenant_counts(self, tenant: str) -> dict[str, int]:
+        check_id("tenant", tenant)
+        rows = await self._run(
+            lambda c: c.execute(
+                "SELECT name, value FROM tenant_counts WHERE tenant=?", (tenant,)
+            ).fetchall()
+        )
+        return {str(name): int(value) for name, value in rows}
+
+    async def charge(
+        self,
+        tenant: str,
+        charges: Sequence[Charge],
+        *,
+        session: str | None = None,
+        max_sessions: int | None = None,
+    ) -> Refusal | None:
+        check_id("tenant", tenant)
+        if session is not None:
+            check_id("session", session)
+
+        def take(conn: sqlite3.Connection) -> Refusal | None:
+            now = time.time()
+            conn.execute("DELETE FROM quota_counters WHERE tenant=? AND expires<?", (tenant, now))
+            if session is not None and max_sessions is not None:
+                live = "tenant=? AND used>=?"
+                cutoff = now - self.ttl_s
+                known = conn.execute(
+                    f"SELECT 1 FROM sessions WHERE {live} AND session=?", (tenant, cutoff, session)
+                ).fetchone()
+                if known is None:
+                    (count,) = conn.execute(
+                        f"SELECT COUNT(*) FROM sessions WHERE {live}", (tenant, cutoff)
+                    ).fetchone()
+                    if count >= max_sessions:
+                        return Refusal("sessions", int(count), max_sessions)
+            writes = []
+            for c in charges:
+                name, keep_s = window_key(c, now)
+                row = conn.execute(
+                    "SELECT value FROM quota_counters WHERE tenant=? AND name=?", (tenant, name)
+                ).fetchone()
+                current = 0 if row is None else int(row[0])
+                if over_limit(current, c):
+                    return Refusal(c.name, current, c.limit or 0)
+                if c.amount:
+                    writes.append((tenant, name, max(current + c.amount, 0), now + keep_s))
+            conn.executemany("INSERT OR REPLACE INTO quota_counters VALUES (?, ?, ?, ?)", writes)
+            return None
+
+        return await self._run(take, write=True)
 
     # -- router assignment -------------------------------------------------------------
     async def get_assignment(self, tenant: str, session: str) -> str | None:

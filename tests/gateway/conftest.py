@@ -15,6 +15,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.http_server import uvicorn_config
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from store import open_store
 
@@ -29,9 +30,7 @@ def free_port() -> int:
 async def running_gateway(config: GatewayConfig) -> AsyncIterator[str]:
     """Serve ``create_app(config)`` with uvicorn until the block exits; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn_config(create_app(config), config, "127.0.0.1", port))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

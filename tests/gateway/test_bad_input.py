@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gateway.tenants import hash_key
 from loadtests.fake_upstream import ScriptedReply
 from tests.gateway.conftest import store_at
 
@@ -92,7 +93,7 @@ async def test_unknown_strategy_header_is_400(gateway_with_fake, client):
 
 async def test_api_keys_map_to_tenants(gateway_with_fake, client, store_url):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-    async with gateway_with_fake(api_keys={"k-acme": "acme"}) as (url, fake):
+    async with gateway_with_fake(api_keys={hash_key("k-acme"): "acme"}) as (url, fake):
         resp = await client.post(f"{url}/v1/chat/completions", json=body)
         assert resp.status_code == 401
         assert resp.json()["error"]["type"] == "authentication_error"

@@ -6,6 +6,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.identity import UnknownApiKey, resolve_session, resolve_tenant
+from gateway.tenants import hash_key
 from gateway.transcript import Transcript, text_message
 
 CONFIG = GatewayConfig()
@@ -50,9 +51,11 @@ def test_digest_is_stable_per_tenant_system_and_first_user_message():
 
 
 def test_tenant_from_api_key():
-    config = GatewayConfig(api_keys={"k1": "acme"})
+    config = GatewayConfig(api_keys={hash_key("k1"): "acme"})
     assert resolve_tenant({"authorization": "Bearer k1"}, config) == "acme"
     assert resolve_tenant({"x-api-key": "k1"}, config) == "acme"
     with pytest.raises(UnknownApiKey):
         resolve_tenant({"x-api-key": "k2"}, config)
+    with pytest.raises(UnknownApiKey):  # the stored hash is not a key
+        resolve_tenant({"x-api-key": hash_key("k1")}, config)
     assert resolve_tenant({}, GatewayConfig()) == "default"

@@ -31,6 +31,7 @@ import yaml
 from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
 from gateway.serve import serve
+from gateway.tenants import hash_key
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "foldgate"
@@ -321,14 +322,26 @@ def test_external_redis_url_from_a_secret(chart: helm.Chart, tmp_path: Path) -> 
 def test_inline_api_keys_become_a_secret_the_gateway_reads(
     chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    objects = render(chart, {"apiKeys": {"keys": {"sk-b": "beta", "sk-a": "acme"}}})
+    keys = {hash_key("key-b"): "beta", hash_key("key-a"): "acme"}
+    objects = render(chart, {"apiKeys": {"keys": keys}})
     secret = objects[("Secret", f"{FULLNAME}-api-keys")]
     gateway = container(objects, "Deployment", f"{FULLNAME}-gateway")
     ref = env_var(gateway, "FOLDGATE_API_KEYS")["valueFrom"]["secretKeyRef"]
     assert ref == {"name": f"{FULLNAME}-api-keys", "key": "api-keys"}
+    # every pod salts tenants' prefix caches with the one secret the chart generated
+    salt_ref = env_var(gateway, "FOLDGATE_CACHE_SALT_SECRET")["valueFrom"]["secretKeyRef"]
+    assert salt_ref == {
+        "name": f"{FULLNAME}-api-keys",
+        "key": "cache-salt-secret",
+        "optional": True,
+    }
+    assert len(secret["stringData"]["cache-salt-secret"]) == 48
 
     monkeypatch.setenv("FOLDGATE_API_KEYS", secret["stringData"]["api-keys"])
-    assert gateway_config(objects, tmp_path).api_keys == {"sk-a": "acme", "sk-b": "beta"}
+    monkeypatch.setenv("FOLDGATE_CACHE_SALT_SECRET", secret["stringData"]["cache-salt-secret"])
+    config = gateway_config(objects, tmp_path)
+    assert config.api_keys == keys
+    assert config.cache_salt_secret == secret["stringData"]["cache-salt-secret"]
 
 
 def test_existing_api_key_secret_is_referenced_not_created(chart: helm.Chart) -> None:
@@ -386,7 +399,7 @@ def test_values_schema_knows_every_gateway_config_field() -> None:
         f.name for f in fields(GatewayConfig)
     }
     # values.yaml documents every field but the ones the chart fills itself.
-    chart_owned = {"store_url", "api_keys", "replicas", "replica_dns"}
+    chart_owned = {"store_url", "api_keys", "cache_salt_secret", "replicas", "replica_dns"}
     assert set(config_values) == {f.name for f in fields(GatewayConfig)} - chart_owned
 
 
@@ -541,6 +554,7 @@ def test_service_monitors_only_when_enabled(chart: helm.Chart) -> None:
     [
         ({"config": {"store_url": "redis://x"}}, "config.store_url is set by the chart"),
         ({"config": {"api_keys": "a=b"}}, "config.api_keys is set by the chart"),
+        ({"config": {"cache_salt_secret": "s"}}, "config.cache_salt_secret is set by the chart"),
         ({"config": {"replica_dns": "x:1"}}, "config.replica_dns conflicts with vllm.enabled"),
         ({"vllm": {"enabled": False}}, "vllm.enabled=false needs config.replicas"),
         ({"vllm": {"model": {"dir": "/elsewhere/m"}}}, "must lie under vllm.model.mountPath"),

@@ -23,6 +23,7 @@ import yaml
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from gateway.tenants import hash_key
 from tests.helm.test_chart import (
     CHART,
     FULLNAME,
@@ -249,11 +250,11 @@ def secret_values(objects: Manifests) -> set[str]:
 def test_no_secret_value_outside_a_secret(chart: helm.Chart, profile: str) -> None:
     values = PROFILES[profile]
     if not values.get("apiKeys", {}).get("existingSecret"):
-        values = {**values, "apiKeys": {"keys": {"sk-live-4b1d9e": "acme"}}}
+        values = {**values, "apiKeys": {"keys": {hash_key("sk-live-4b1d9e"): "acme"}}}
     objects = render(chart, values)
     secrets = secret_values(objects)
     if not values.get("redis", {}).get("external"):
-        assert len(secrets) == 2  # the API key map and the Redis password
+        assert len(secrets) == 3  # the API key map, the cache-salt secret, the Redis password
     # Each API key of a "key=tenant,..." map on its own (tenants are not secret).
     pieces = {pair.split("=")[0] for secret in secrets for pair in secret.split(",")}
     for key, obj in objects.items():

@@ -103,6 +103,12 @@ Not REDIS_PASSWORD: KubeRay refuses that name on a head pod with GCS fault toler
     secretKeyRef:
       name: {{ $apiKeysSecret }}
       key: {{ .Values.apiKeys.existingSecretKey }}
+- name: FOLDGATE_CACHE_SALT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ $apiKeysSecret }}
+      key: {{ .Values.apiKeys.cacheSaltSecretKey }}
+      optional: true
 {{- end }}
 {{- end }}
 
@@ -159,7 +165,7 @@ form (3.3554432e+07), which TOML would read as a float: whole numbers print as i
 
 {{/* Fails on values.config keys that the chart owns or that contradict vllm.enabled. */}}
 {{- define "foldgate.checkConfig" -}}
-{{- range $key := list "store_url" "api_keys" }}
+{{- range $key := list "store_url" "api_keys" "cache_salt_secret" }}
 {{- if hasKey $.Values.config $key }}
 {{- fail (printf "config.%s is set by the chart: use %s instead" $key (ternary "redis.external" "apiKeys" (eq $key "store_url"))) }}
 {{- end }}

@@ -1,0 +1,163 @@
+"""Tenants: API keys stored as hashes, per-tenant settings, and what a tenant sends upstream.
+
+A tenant is whoever holds one of its API keys. The config keeps only ``sha256:<hex>`` of
+each key (``foldgate keys create`` makes a key and prints its line): keys are 256-bit
+random tokens, so a plain SHA-256 cannot be reversed and a lookup by hash needs no
+constant-time compare.
+
+Every upstream request carries vLLM's ``cache_salt`` for its tenant, so a replica's prefix
+cache is shared only within a tenant: otherwise one tenant could time another's cached
+prefixes. The salt is an HMAC of the length-prefixed tenant id under a server secret, so
+no client can guess or pick another tenant's salt, and two tenant ids never share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gateway.fold import STRATEGIES
+
+KEY_HASH_PREFIX = "sha256:"
+_KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_SALT_CONTEXT = b"foldgate cache_salt v1\x00"
+# vLLM request fields that schedule or move KV blocks: a tenant sends them only when its
+# settings allow (``upstream_fields``). ``cache_salt`` is always the gateway's own.
+GUARDED_FIELDS = frozenset({"priority", "kv_transfer_params"})
+CACHE_SALT = "cache_salt"
+ANY_TENANT = "*"
+
+log = logging.getLogger("foldgate")
+
+
+def hash_key(key: str) -> str:
+    """The line an API key is stored as."""
+    return KEY_HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits."""
+    return "fg-" + secrets.token_urlsafe(32)
+
+
+def check_key_hashes(api_keys: Mapping[str, str]) -> None:
+    """Refuse a key table that holds anything but key hashes (a plain key by mistake)."""
+    for stored, tenant in api_keys.items():
+        if not _KEY_HASH.fullmatch(stored):
+            raise ValueError(
+                f"api_keys holds key hashes ('sha256:<64 hex>'), not keys: the entry for "
+                f"tenant {tenant!r} is not one; `foldgate keys hash` prints a key's line"
+            )
+        if not isinstance(tenant, str) or not tenant:
+            raise ValueError(f"api_keys: tenant of {stored} must be a non-empty string")
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """One tenant's defaults and limits (config ``[tenants.<id>]``, ``[tenants."*"]`` for
+    every tenant without its own table). None: the gateway's default, or no limit."""
+
+    strategy: str | None = None
+    upstream_fields: frozenset[str] = frozenset()
+    """Guarded vLLM fields (``priority``, ``kv_transfer_params``) this tenant may send."""
+    requests_per_minute: int | None = None
+    raw_tokens_per_minute: int | None = None
+    """Prompt tokens as the harness sent them (the gateway's estimate), per minute."""
+    upstream_tokens_per_minute: int | None = None
+    """Prompt tokens the replicas reported, per minute (known after each reply)."""
+    concurrent_requests: int | None = None
+    sessions: int | None = None
+    """Live sessions (used within the store's TTL)."""
+    session_bytes: int | None = None
+    """Stored history bytes per session (a smaller cap than the store's)."""
+
+    @classmethod
+    def parse(cls, tenant: str, raw: Mapping[str, Any]) -> TenantSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"tenants.{tenant}: unknown keys {', '.join(sorted(unknown))}")
+        values = dict(raw)
+        strategy = values.get("strategy")
+        if strategy is not None and (
+            not isinstance(strategy, str) or not set(strategy.split("+")) <= set(STRATEGIES)
+        ):
+            raise ValueError(
+                f"tenants.{tenant}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
+                " or a composition of them ('refold+cliff')"
+            )
+        for name in known - {"strategy", "upstream_fields"}:
+            value = values.get(name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"tenants.{tenant}.{name} must be a positive integer")
+        allowed = values.get("upstream_fields", ())
+        if isinstance(allowed, str) or not set(allowed) <= GUARDED_FIELDS:
+            raise ValueError(
+                f"tenants.{tenant}.upstream_fields: a list of {', '.join(sorted(GUARDED_FIELDS))}"
+            )
+        values["upstream_fields"] = frozenset(allowed)
+        return cls(**values)
+
+
+class Tenants:
+    """Settings by tenant, and each tenant's cache salt.
+
+    ``salt_secret`` None: no salts (a gateway without API keys has one tenant, nothing to
+    keep apart); client-sent salts are dropped all the same.
+    """
+
+    def __init__(
+        self, table: Mapping[str, Mapping[str, Any]], salt_secret: bytes | None
+    ) -> None:
+        self._settings = {t: TenantSettings.parse(t, raw) for t, raw in table.items()}
+        self._default = self._settings.pop(ANY_TENANT, TenantSettings())
+        self._secret = salt_secret
+        self._salts: dict[str, str] = {}
+
+    def settings(self, tenant: str) -> TenantSettings:
+        return self._settings.get(tenant, self._default)
+
+    def cache_salt(self, tenant: str) -> str | None:
+        if self._secret is None:
+            return None
+        salt = self._salts.get(tenant)
+        if salt is None:
+            name = tenant.encode()
+            message = _SALT_CONTEXT + len(name).to_bytes(8, "big") + name
+            salt = hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+            self._salts[tenant] = salt
+        return salt
+
+    def scope_upstream_body(self, tenant: str, body: MutableMapping[str, Any]) -> None:
+        """Set the tenant's cache salt (replacing any the client sent) and drop the guarded
+        fields the tenant may not send; vLLM's sampling extensions pass as they came."""
+        allowed = self.settings(tenant).upstream_fields
+        for name in GUARDED_FIELDS - allowed:
+            body.pop(name, None)
+        body.pop(CACHE_SALT, None)
+        salt = self.cache_salt(tenant)
+        if salt is not None:
+            body[CACHE_SALT] = salt
+
+
+def salt_secret(configured: str | None, keys_configured: bool) -> bytes | None:
+    """The server secret for cache salts: the configured one; with API keys but none
+    configured, a random one for this process (logged: processes then salt differently)."""
+    if configured:
+        return configured.encode()
+    if not keys_configured:
+        return None
+    log.warning(
+        "cache_salt_secret is not set: this process salts tenants' prefix caches with a "
+        "random secret of its own; set it (FOLDGATE_CACHE_SALT_SECRET) so that every "
+        "gateway process of the deployment shares cached prefixes"
+    )
+    return secrets.token_bytes(32)

@@ -1,0 +1,134 @@
+"""Limits of the served gateway: slow clients, slow upstreams, metric labels, secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from gateway.cli import main
+from gateway.serve import redact_url
+from gateway.tenants import hash_key
+from gateway.upstream import UpstreamClient, UpstreamError
+from loadtests.fake_upstream import FakeUpstream, ScriptedReply
+
+
+async def open_raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def test_half_sent_headers_are_dropped(gateway_with_fake):
+    async with gateway_with_fake(header_timeout_s=0.5) as (url, _fake):
+        reader, writer = await open_raw(url)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and no more
+        await writer.drain()
+        started = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert time.monotonic() - started < 2
+        writer.close()
+
+
+async def test_a_body_that_never_arrives_is_a_408(gateway_with_fake):
+    async with gateway_with_fake(body_timeout_s=0.5) as (url, fake):
+        reader, writer = await open_raw(url)
+        writer.write(
+            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000\r\n\r\n{"
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 408")
+        assert fake.requests == []
+
+
+async def test_strategy_label_takes_bounded_values(gateway_with_fake, client):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    async with gateway_with_fake() as (url, _fake):
+        for value in (f"junk-{i}" for i in range(20)):
+            resp = await client.post(
+                f"{url}/v1/chat/completions", json=body, headers={"x-foldgate-strategy": value}
+            )
+            assert resp.status_code == 400
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert "junk" not in metrics
+    assert 'strategy="other"' in metrics
+
+
+def test_store_passwords_never_reach_the_banner():
+    assert redact_url("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert redact_url("rediss://user:pw@h:1/2") == "rediss://user:***@h:1/2"
+    assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_keys_create_prints_a_key_and_its_hash_lines():
+    out = CliRunner().invoke(main, ["keys", "create", "--tenant", "acme"])
+    assert out.exit_code == 0, out.output
+    key = out.output.split("it is not stored): ")[1].split()[0]
+    assert f'"{hash_key(key)}" = "acme"' in out.output
+    assert f"{hash_key(key)}=acme" in out.output
+    again = CliRunner().invoke(main, ["keys", "hash", "--tenant", "acme"], input=f"{key}\n")
+    assert again.exit_code == 0 and hash_key(key) in again.output
+
+
+class StallingUpstream(FakeUpstream):
+    """Waits ``before`` seconds, then streams one chunk every ``gap`` seconds, ``chunks``
+    of them."""
+
+    def __init__(self, before: float, gap: float, chunks: int) -> None:
+        super().__init__(default=ScriptedReply("x" * chunks, chunk_chars=1))
+        self.before, self.gap = before, gap
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await request.json()
+        await asyncio.sleep(self.before)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in self.chunks(self.default, prompt_tokens=1):
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(self.gap)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+async def read_all(client: UpstreamClient, url: str) -> list[dict]:
+    stream = await client.open_chat_stream(url, {"model": "m", "messages": []})
+    return [chunk async for chunk in stream]
+
+
+@pytest.mark.parametrize(
+    ("before", "gap", "outcome"),
+    [
+        (0.0, 0.1, "ok"),  # 1.3 s in all, far past the idle timeout: no total cap
+        (0.0, 0.6, "idle"),
+        (0.6, 0.0, "first"),
+    ],
+)
+async def test_upstream_first_chunk_and_idle_timeouts(before, gap, outcome):
+    fake = await StallingUpstream(before, gap, chunks=10).start()
+    client = UpstreamClient(connect_timeout_s=1, first_chunk_timeout_s=0.4, idle_timeout_s=0.4)
+    try:
+        if outcome == "ok":
+            chunks = await read_all(client, fake.url)
+            assert (
+                "".join(
+                    c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+                )
+                == "x" * 10
+            )
+        else:
+            with pytest.raises(UpstreamError) as err:
+                await read_all(client, fake.url)
+            if outcome == "first":
+                assert "no first chunk within 0.4 s" in str(err.value)
+                assert err.value.retryable
+            else:
+                assert "stream broke" in str(err.value) and not err.value.retryable
+    finally:
+        await client.close()
+        await fake.stop()

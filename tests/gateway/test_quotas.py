@@ -1,0 +1,281 @@
+"""Per-tenant quotas through the gateway (FAKE upstream, real store; real Redis shared by
+two gateway processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.tenants import hash_key
+from loadtests.fake_upstream import FakeUpstream
+from store import NotFound
+from tests.gateway.conftest import free_port, running_gateway, store_at
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chat(text: str, **extra) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
+
+
+def keyed(tenant: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A key table with one key for ``tenant``, and the headers that present it."""
+    return {hash_key(f"key-{tenant}"): tenant}, {"x-api-key": f"key-{tenant}"}
+
+
+async def away_from_the_minute_turn() -> None:
+    """Per-minute windows restart on the minute: a test that counts in one window starts
+    early enough in it."""
+    into = time.time() % 60
+    if into > 45:
+        await asyncio.sleep(60 - into + 0.1)
+
+
+@asynccontextmanager
+async def gateway_process(config_toml: str, tmp_path: Path):
+    """A second gateway, as its own process (``foldgate serve``), on the same store."""
+    path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(config_toml)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    serve = ["serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from gateway.cli import main; main()", *serve],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as probe:
+            for _ in range(200):
+                if proc.poll() is not None:
+                    raise RuntimeError(proc.stdout.read().decode())  # type: ignore[union-attr]
+                try:
+                    if (await probe.get(f"{url}/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def toml(config: GatewayConfig) -> str:
+    lines = [
+        f"store_url = {json.dumps(config.store_url)}",
+        f"replicas = {json.dumps(list(config.replicas))}",
+        "probe_interval_s = 0.5",
+        "[api_keys]",
+        *(f"{json.dumps(h)} = {json.dumps(t)}" for h, t in config.api_keys.items()),
+    ]
+    for tenant, settings in config.tenants.items():
+        lines.append(f"[tenants.{json.dumps(tenant)}]")
+        lines += [f"{name} = {json.dumps(value)}" for name, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url, tmp_path):
+    rated, rated_headers = keyed(f"rated-{uuid.uuid4().hex[:8]}")
+    counted, counted_headers = keyed(f"sessions-{uuid.uuid4().hex[:8]}")
+    fake = await FakeUpstream().start()
+    config = GatewayConfig(
+        store_url=redis_url,
+        replicas=(fake.url,),
+        probe_interval_s=0.5,
+        api_keys={**rated, **counted},
+        tenants={
+            next(iter(rated.values())): {"requests_per_minute": 6},
+            next(iter(counted.values())): {"sessions": 2},
+        },
+    )
+
+    async def post(url: str, headers: dict, session: str, path: str = "/v1/chat/completions"):
+        body = {**chat(f"in {session}"), "max_tokens": 8}
+        return await client.post(
+            f"{url}{path}", json=body, headers={**headers, "x-session-id": session}
+        )
+
+    try:
+        await away_from_the_minute_turn()
+        async with (
+            running_gateway(config) as first,
+            gateway_process(toml(config), tmp_path) as second,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            rates = [
+                (await post((first, second)[i % 2], rated_headers, f"s{i % 3}")).status_code
+                for i in range(10)
+            ]
+            refused = await post(second, rated_headers, "s0", "/v1/messages")
+            sessions = [
+                (await post(url, counted_headers, session)).status_code
+                for url, session in ((first, "a"), (second, "b"), (first, "c"), (second, "a"))
+            ]
+    finally:
+        await fake.stop()
+    print(f"\nrequests_per_minute=6 over two gateway processes: {rates}")
+    print(f"sessions=2 over two gateway processes (a, b, c, a): {sessions}")
+    assert rates == [200] * 6 + [429] * 4
+    assert refused.status_code == 429
+    assert "limit of 6 requests per minute" in refused.json()["error"]["message"]
+    assert sessions == [200, 200, 429, 200]
+    async with store_at(redis_url) as store:
+        assert sorted(await store.list_sessions(next(iter(counted.values())))) == ["a", "b"]
+
+
+async def test_429_in_each_dialect_shape_with_retry_after(gateway_with_fake, client):
+    keys, headers = keyed("acme")
+    tenants = {"acme": {"requests_per_minute": 1}}
+    await away_from_the_minute_turn()
+    async with gateway_with_fake(api_keys=keys, tenants=tenants) as (url, fake):
+        first = await client.post(f"{url}/v1/chat/completions", json=chat("a"), headers=headers)
+        openai = await client.post(
+            f"{url}/v1/chat/completions", json=chat("a", stream=True), headers=headers
+        )
+        anthropic = await client.post(
+            f"{url}/v1/messages", json={**chat("a"), "max_tokens": 8}, headers=headers
+        )
+        assert len(fake.requests) == 1
+    assert first.status_code == 200
+    for resp in (openai, anthropic):
+        assert resp.status_code == 429
+        assert 1 <= int(resp.headers["retry-after"]) <= 60
+    error = openai.json()["error"]
+    assert error["type"] == "rate_limit_error" and "requests per minute" in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    body = anthropic.json()
+    assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
+
+
+async def test_prompt_token_limit_refuses_before_anything_is_stored(
+    gateway_with_fake, client, store_url
+):
+    keys, headers = keyed("acme")
+    tenants = {"acme": {"raw_tokens_per_minute": 400}}
+    await away_from_the_minute_turn()
+    async with gateway_with_fake(api_keys=keys, tenants=tenants) as (url, fake):
+        small = await client.post(
+            f"{url}/v1/chat/completions",
+            json=chat("short"),
+            headers={**headers, "x-session-id": "s"},
+        )
+        big = await client.post(
+            f"{url}/v1/chat/completions",
+            json=chat("word " * 2000),
+            headers={**headers, "x-session-id": "big"},
+        )
+        assert len(fake.requests) == 1
+    assert small.status_code == 200
+    assert big.status_code == 429 and "prompt tokens per minute" in big.text
+    async with store_at(store_url) as store:
+        assert await store.list_sessions("acme") == ["s"]
+        try:
+            await store.load("acme", "big")
+            raise AssertionError("a refused request stored its history")
+        except NotFound:
+            pass
+
+
+async def test_upstream_token_limit_counts_what_the_replica_reported(gateway_with_fake, client):
+    keys, headers = keyed("acme")
+    tenants = {"acme": {"upstream_tokens_per_minute": 30}}
+    await away_from_the_minute_turn()
+    async with gateway_with_fake(api_keys=keys, tenants=tenants) as (url, _fake):
+        statuses = []
+        for i in range(4):
+            resp = await client.post(
+                f"{url}/v1/chat/completions", json=chat(f"question {i} " * 10), headers=headers
+            )
+            statuses.append(resp.status_code)
+            await asyncio.sleep(0.2)  # the reply's tokens are added after it
+    # the fake reports len(json(messages)) // 4 = ~36 prompt tokens per request
+    assert statuses == [200, 429, 429, 429]
+
+
+async def test_session_size_limit_is_a_413_and_stores_nothing(gateway_with_fake, client, store_url):
+    keys, headers = keyed("acme")
+    async with gateway_with_fake(api_keys=keys, tenants={"*": {"session_bytes": 2000}}) as (
+        url,
+        _fake,
+    ):
+        resp = await client.post(
+            f"{url}/v1/chat/completions",
+            json=chat(os.urandom(3000).hex()),  # stored compressed: random, so ~3 KB
+            headers={**headers, "x-session-id": "s"},
+        )
+    assert resp.status_code == 413 and "2000-byte cap" in resp.json()["error"]["message"]
+    async with store_at(store_url) as store:
+        assert await store.list_sessions("acme") == []
+
+
+class SlowUpstream(FakeUpstream):
+    """The fake upstream, answering each request after a pause."""
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.4)
+        return await super()._chat(request)
+
+
+async def test_concurrent_requests_limit_and_slots_come_back(store_url):
+    keys, headers = keyed("acme")
+    fake = await SlowUpstream().start()
+    config = replace(
+        GatewayConfig(store_url=store_url, replicas=(fake.url,), probe_interval_s=0.5),
+        api_keys=keys,
+        tenants={"acme": {"concurrent_requests": 2}},
+    )
+    try:
+        async with running_gateway(config) as url, httpx.AsyncClient(timeout=30) as client:
+            bodies = [chat("a"), chat("b", stream=True), chat("c"), chat("d", stream=True)]
+            replies = await asyncio.gather(
+                *(
+                    client.post(f"{url}/v1/chat/completions", json=b, headers=headers)
+                    for b in bodies
+                )
+            )
+            codes = sorted(r.status_code for r in replies)
+            # every slot is back once the replies (streamed or not) are done
+            after = await asyncio.gather(
+                *(
+                    client.post(f"{url}/v1/chat/completions", json=b, headers=headers)
+                    for b in bodies[:2]
+                )
+            )
+    finally:
+        await fake.stop()
+    assert codes == [200, 200, 429, 429]
+    assert [r.status_code for r in after] == [200, 200]
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    assert "concurrent requests" in refused.json()["error"]["message"]
+
+
+async def test_tenant_default_strategy(gateway_with_fake, client):
+    keys, headers = keyed("acme")
+    tenants = {"*": {"strategy": "base"}}
+    async with gateway_with_fake(api_keys=keys, tenants=tenants) as (url, fake):
+        for extra in ({}, {"x-foldgate-strategy": "refold"}):
+            resp = await client.post(
+                f"{url}/v1/chat/completions",
+                json=chat("hello"),
+                headers={**headers, **extra, "x-session-id": f"s{len(extra)}"},
+            )
+            assert resp.status_code == 200
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert 'foldgate_requests_total{dialect="openai",status="ok",strategy="base"}' in metrics
+    assert len(fake.requests) == 2
