@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.config import GatewayConfig
+from gateway.tenants import hash_key
 from loadtests.fake_upstream import ScriptedReply
 from tests.gateway.agent_session import SESSION, STEPS, TOOLS, drive, history
 
@@ -87,7 +88,7 @@ async def test_render_at_request_n_is_what_the_replica_received(gateway_with_fak
 
 
 async def test_a_tenant_sees_only_its_own_sessions(gateway_with_fake, client):
-    keys = {"key-a": "alice", "key-b": "bob"}
+    keys = {hash_key("key-a"): "alice", hash_key("key-b"): "bob"}
     alice = {"authorization": "Bearer key-a"}
     bob = {"authorization": "Bearer key-b"}
     async with gateway_with_fake(api_keys=keys) as (url, _fake):

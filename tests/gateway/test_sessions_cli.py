@@ -8,6 +8,7 @@ import json
 from click.testing import CliRunner
 
 from gateway.cli import main
+from gateway.tenants import hash_key
 from tests.gateway.agent_session import SESSION, STEPS, drive
 
 
@@ -20,7 +21,7 @@ async def cli(*args: str) -> tuple[int, str]:
 
 
 async def test_list_and_show_print_the_sessions_figures(gateway_with_fake, client):
-    async with gateway_with_fake(api_keys={"k": "team"}) as (url, _fake):
+    async with gateway_with_fake(api_keys={hash_key("k"): "team"}) as (url, _fake):
         await drive(client, url, {"authorization": "Bearer k"})
         code, listing = await cli("--url", url, "--api-key", "k", "list")
         assert code == 0, listing
