@@ -210,3 +210,7 @@ def replay_command(
 main.add_command(serve)
 main.add_command(sessions)
 main.add_command(keys)
+
+
+if __name__ == "__main__":
+    main()

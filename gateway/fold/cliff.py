@@ -14,8 +14,17 @@ the summary oldest-first.
 Determinism: the rendering at history length n is defined as the result of applying the
 rule at every point where a model request was made, i.e. before every assistant message,
 and at n. The cut only moves at a point whose context (as rendered then) crossed the
-threshold. The cache holds that state as of the last assistant message, so a call costs
-the token counts of what is new (plus a prefix comparison that checks the cache applies).
+threshold. The cache holds that state as of the last assistant message and as of the last
+call, so a call costs the token counts of what is new (plus a prefix comparison that checks
+the cache applies).
+
+``follow`` is the same rule over a sequence of contexts that another renderer made
+(``Composed``): when messages before the cached point were rewritten in place (same
+places, roles and call ids), the cut and the summary stay and only the rewritten kept
+messages are counted again, so a rewrite below the cut changes nothing that is sent. Given
+the ``source`` the contexts were rendered from, a following cliff summarises the source's
+messages: a cut then costs what it costs the cliff alone (an output the inner shrank below
+``result_max`` would otherwise enter the summary verbatim where the cliff alone drops it).
 
 Token count = sum of ``count_tokens`` over the rendered messages; tool schemas are not
 counted, so set ``threshold`` below the model window by their size. The render state is
@@ -71,10 +80,11 @@ class _State:
 @dataclass(frozen=True, slots=True)
 class _Cache:
     config: tuple[Any, ...]
-    prefix: tuple[Message, ...]  # messages[:state.pos] the state was computed from
+    messages: tuple[Message, ...]  # the context of the call that made this cache
     head: int
     head_tokens: int
-    state: _State
+    committed: _State  # as of the last assistant message (a request point in any extension)
+    final: _State  # as of len(messages): a request point once an assistant message follows
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +182,36 @@ class Cliff(Renderer):
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Rendered:
-        messages = history.messages
-        new_cache, head_tokens, final = self._evaluate(messages, cache)
+        new_cache, head_tokens, final = self._evaluate(history.messages, cache, False, ())
         return self._rendered(history, new_cache, head_tokens, final, final.compactions)
 
+    def follow(
+        self, context: Transcript, cache: Any = None, source: Sequence[Message] = ()
+    ) -> Rendered:
+        """``render`` for the next request of a session whose earlier contexts ``cache``
+        saw, where another renderer may since have rewritten earlier messages in place.
+
+        The compaction state carries over such a rewrite: the cut and the summary stay (a
+        rewrite inside the summarised part changes nothing that is sent) and the kept
+        messages are counted as they read now, so a rewrite that shrinks them postpones the
+        next compaction. A context whose earlier messages moved, changed role or call ids,
+        or a cache made with other parameters, is evaluated from its start. ``source``: the
+        messages ``context`` was rendered from, place for place; a compaction summarises
+        them (the context's own messages when they do not line up).
+        """
+        new_cache, head_tokens, final = self._evaluate(
+            context.messages, cache, follow=True, source=tuple(source)
+        )
+        return self._rendered(context, new_cache, head_tokens, final, final.compactions)
+
     def compact_for_overflow(
-        self, history: Transcript, state: RenderState | None = None, cache: Any = None
+        self,
+        history: Transcript,
+        state: RenderState | None = None,
+        cache: Any = None,
+        *,
+        follow: bool = False,
+        source: Sequence[Message] = (),
     ) -> Iterator[Rendered]:
         """Successively smaller renderings for a provider's "context too long" error.
 
@@ -186,13 +220,14 @@ class Cliff(Renderer):
         it. Only renderings smaller than the one before are yielded; the gateway retries
         with each until one is accepted. The forced compaction is not part of the history's
         state (the returned cache is the normal one): if it keeps happening, the threshold
-        is above the model's real window.
+        is above the model's real window. ``follow`` and ``source``: as ``follow`` takes them.
         """
         messages = history.messages
-        new_cache, head_tokens, current = self._evaluate(messages, cache)
+        source = tuple(source)
+        new_cache, head_tokens, current = self._evaluate(messages, cache, follow, source)
         head = head_end(messages)
         best = head_tokens + current.summary_tokens + current.kept_tokens
-        for candidate in self._overflow_rungs(messages, head, current):
+        for candidate in self._overflow_rungs(messages, source, head, current):
             total = candidate.total(head_tokens)
             if total >= best:
                 continue
@@ -202,10 +237,16 @@ class Cliff(Renderer):
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def _evaluate(self, messages: tuple[Message, ...], cache: Any) -> tuple[_Cache, int, _State]:
+    def _evaluate(
+        self,
+        messages: tuple[Message, ...],
+        cache: Any,
+        follow: bool,
+        source: tuple[Message, ...],
+    ) -> tuple[_Cache, int, _State]:
         """(cache to hand back, head tokens, state at len(messages))."""
         head = head_end(messages)
-        resumed = self._resume(cache, messages, head)
+        resumed = self._resume(cache, messages, head, follow)
         if resumed is None:
             head_tokens = sum(self.count_tokens(m) for m in messages[:head])
             state = _State(head, head, None, 0, 0, 0, 0, ())
@@ -213,23 +254,53 @@ class Cliff(Renderer):
             head_tokens, state = resumed
         for j in range(state.pos + 1, len(messages)):
             if messages[j].role == "assistant":
-                state = self._advance(messages, head, head_tokens, state, j)
-        committed = _Cache(self._config, messages[: state.pos], head, head_tokens, state)
-        final = self._advance(messages, head, head_tokens, state, len(messages))
-        return committed, head_tokens, final
+                state = self._advance(messages, source, head, head_tokens, state, j)
+        final = self._advance(messages, source, head, head_tokens, state, len(messages))
+        return _Cache(self._config, messages, head, head_tokens, state, final), head_tokens, final
 
     def _resume(
-        self, cache: Any, messages: tuple[Message, ...], head: int
+        self, cache: Any, messages: tuple[Message, ...], head: int, follow: bool
     ) -> tuple[int, _State] | None:
         if not isinstance(cache, _Cache) or cache.config != self._config or cache.head != head:
             return None
-        pos = len(cache.prefix)
-        if pos > len(messages) or messages[:pos] != cache.prefix:
+        seen = cache.messages
+        # The last call's point is a request point of this context once a reply follows it.
+        extends = len(messages) > len(seen) and messages[len(seen)].role == "assistant"
+        state = cache.final if extends else cache.committed
+        pos = state.pos
+        if pos > len(messages):
+            return None
+        if messages[:pos] == seen[:pos]:
+            return cache.head_tokens, state
+        if not follow or not _rewritten_in_place(messages[:pos], seen[:pos]):
             return None  # another branch, or a history whose prefix was rewritten
-        return cache.head_tokens, cache.state
+        return self._rebase(cache, messages, state)
+
+    def _rebase(
+        self, cache: _Cache, messages: tuple[Message, ...], state: _State
+    ) -> tuple[int, _State]:
+        """``state`` over ``messages``, whose first ``state.pos`` messages were rewritten in
+        place: the head and the kept messages are counted as they read now; the summarised
+        ones are no longer sent, so the cut and the summary stay."""
+        seen, head = cache.messages, cache.head
+        head_tokens = cache.head_tokens
+        if messages[:head] != seen[:head]:
+            head_tokens = sum(self.count_tokens(m) for m in messages[:head])
+        kept = state.kept_tokens
+        span = slice(state.cut, state.pos)
+        for now, was in zip(messages[span], seen[span], strict=True):
+            if now is not was and now != was:
+                kept += self.count_tokens(now) - self.count_tokens(was)
+        return head_tokens, replace(state, kept_tokens=kept)
 
     def _advance(
-        self, messages: tuple[Message, ...], head: int, head_tokens: int, state: _State, p: int
+        self,
+        messages: tuple[Message, ...],
+        source: tuple[Message, ...],
+        head: int,
+        head_tokens: int,
+        state: _State,
+        p: int,
     ) -> _State:
         """Move the state to the point ``p`` (a request over ``messages[:p]``)."""
         new = messages[state.pos : p]
@@ -244,7 +315,7 @@ class Cliff(Renderer):
         )
         if head_tokens + state.summary_tokens + state.kept_tokens <= self.threshold:
             return state
-        return self._adopt(state, self._compact(messages, head, head_tokens, state))
+        return self._adopt(state, self._compact(messages, source, head, head_tokens, state))
 
     def _adopt(self, state: _State, candidate: _Candidate) -> _State:
         changed = candidate.cut != state.cut or candidate.summary != state.summary
@@ -268,10 +339,15 @@ class Cliff(Renderer):
         return max(state.cut, turns[0]), max(state.cut, turns[-1])
 
     def _compact(
-        self, messages: tuple[Message, ...], head: int, head_tokens: int, state: _State
+        self,
+        messages: tuple[Message, ...],
+        source: tuple[Message, ...],
+        head: int,
+        head_tokens: int,
+        state: _State,
     ) -> _Candidate:
         """The first rung that fits under the threshold, else the most aggressive one."""
-        builder = _Builder(self, messages, head, state)
+        builder = _Builder(self, messages, source, head, state)
         cut_k, cut_1 = self._cuts(state)
         for rung, cut, caps in ((1, cut_k, self._caps), (2, cut_1, self._caps)):
             candidate = builder.candidate(rung, cut, caps, 0)
@@ -290,9 +366,9 @@ class Cliff(Renderer):
         return builder.candidate(4 if lo else 3, cut_1, self._hard_caps, lo)
 
     def _overflow_rungs(
-        self, messages: tuple[Message, ...], head: int, state: _State
+        self, messages: tuple[Message, ...], source: tuple[Message, ...], head: int, state: _State
     ) -> Iterator[_Candidate]:
-        builder = _Builder(self, messages, head, state)
+        builder = _Builder(self, messages, source, head, state)
         cut_k, cut_1 = self._cuts(state)
         yield builder.candidate(1, cut_k, self._caps, 0)
         yield builder.candidate(2, cut_1, self._caps, 0)
@@ -324,18 +400,37 @@ class Cliff(Renderer):
         return Rendered(history.with_messages(out), cache, stats)
 
 
+def _rewritten_in_place(now: Sequence[Message], was: Sequence[Message]) -> bool:
+    """Same length, and each message keeps its role and its tool-call ids."""
+    return len(now) == len(was) and all(
+        a.role == b.role
+        and a.tool_call_id == b.tool_call_id
+        and [c.id for c in a.tool_calls] == [c.id for c in b.tool_calls]
+        for a, b in zip(now, was, strict=True)
+    )
+
+
 class _Builder:
-    """Builds summary candidates for one compaction at ``state.pos``."""
+    """Builds summary candidates for one compaction at ``state.pos``: token counts from
+    ``messages`` (what is sent), summary entries from ``source`` when it lines up with them
+    (see ``Cliff.follow``), else from ``messages``."""
 
     def __init__(
-        self, cliff: Cliff, messages: tuple[Message, ...], head: int, state: _State
+        self,
+        cliff: Cliff,
+        messages: tuple[Message, ...],
+        source: tuple[Message, ...],
+        head: int,
+        state: _State,
     ) -> None:
         self.cliff = cliff
-        self.messages = messages
+        pos = state.pos
+        lined_up = len(source) >= pos and _rewritten_in_place(source[:pos], messages[:pos])
+        self.messages = source if lined_up else messages
         self.head = head
         self.state = state
         # Observations as the prefix shows them (text-action harnesses: user messages).
-        self.observations = frozenset(observation_indices(messages[: state.pos]))
+        self.observations = frozenset(observation_indices(self.messages[:pos]))
         self._kept = [cliff.count_tokens(m) for m in messages[state.cut : state.pos]]
         self._entries: dict[tuple[int, _Caps], list[str]] = {}
 

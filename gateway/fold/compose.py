@@ -4,27 +4,68 @@
 inner's rendered transcript *as its history*. With a ``Cliff`` outside, the outer only
 compacts once the inner's rendering still crosses its budget.
 
-Caveats, because the outer never sees the real history:
+Caveats, because the outer works on the inner's rendering:
 - The outer gets no render state: restore indices and pins name history positions, which
   mean nothing in the inner's rendering. An outer cliff may therefore summarise restored
   content or pinned steps that the inner kept in full.
 - The inner's labels and stubs (``[step N]``, fold notes, dedup stubs) are plain text to
-  the outer; a cliff summary keeps them only as far as its caps and 500-character rule
-  allow, and a restore the model asks for still works because it reads the real history.
-- When the inner rewrites its prefix (ReFold moves its boundary every k steps), the outer's
-  history changed, so its cache no longer applies and it replays over the new rendering.
-  Its state (a cliff's cut and compaction count) is then defined as if the new rendering
-  had been the history all along: deterministic, but not what earlier requests were sent.
+  the outer; a restore the model asks for still works because it reads the real history.
+
+An outer that can ``follow`` (``Cliff``) keeps its state across the inner's rewrites: the
+composition is defined as the outer's rule applied at every request point of the history
+(before each assistant message, and at its end) to what the inner rendered for that point.
+When the inner rewrites its prefix (ReFold moves its boundary every k steps), a cliff keeps
+its cut and its summary and counts the kept messages as they now read: a rewrite below the
+cut changes nothing that is sent, and one that shrinks the kept part postpones the next
+compaction, so the inner's folding and stubbing come first and the cliff compacts only
+when they are not enough. Its summary is written from the history's own messages (place
+for place, when the inner keeps them in place), as the cliff alone would write it for the
+same cut: an output the inner shrank below the cliff's 500-character rule would otherwise
+enter the summary verbatim where the cliff alone drops it, and make the composition
+compact more often than the cliff alone. The cache holds the history it was made for; a
+history that does not extend it (or a cache made by another composition) is replayed
+point by point.
+
+Any other outer is applied to the inner's rendering of the whole history, as it stands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
-from gateway.transcript import Transcript
+from gateway.transcript import Message, Transcript
+
+
+@runtime_checkable
+class Follower(Protocol):
+    """An outer whose state carries over contexts the inner rewrote (see ``Cliff.follow``)."""
+
+    def follow(
+        self, context: Transcript, cache: Any = None, source: Sequence[Message] = ()
+    ) -> Rendered: ...
+
+    def compact_for_overflow(
+        self,
+        history: Transcript,
+        state: RenderState | None = None,
+        cache: Any = None,
+        *,
+        follow: bool = False,
+        source: Sequence[Message] = (),
+    ) -> Iterator[Rendered]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Points:
+    """A following composition's cache: both caches as of the last request point."""
+
+    owner: Composed  # the composition that made it: its outer's cache means nothing to another
+    history: tuple[Message, ...]  # the history of that point
+    inner: Any
+    outer: Any
 
 
 class Composed(Renderer):
@@ -42,24 +83,78 @@ class Composed(Renderer):
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Rendered:
-        inner_cache, outer_cache = cache if cache is not None else (None, None)
-        first = self.inner.render(history, state, inner_cache)
-        second = self.outer.render(first.transcript, None, outer_cache)
-        return Rendered(second.transcript, (first.cache, second.cache), merge_stats(first, second))
+        if not isinstance(self.outer, Follower):
+            inner_cache, outer_cache = cache if cache is not None else (None, None)
+            first = self.inner.render(history, state, inner_cache)
+            second = self.outer.render(first.transcript, None, outer_cache)
+            return Rendered(
+                second.transcript, (first.cache, second.cache), merge_stats(first, second)
+            )
+        first, outer_cache = self._points(self.outer, history, state, cache)
+        second = self.outer.follow(first.transcript, outer_cache, history.messages)
+        return Rendered(
+            second.transcript,
+            _Points(self, history.messages, first.cache, second.cache),
+            merge_stats(first, second),
+        )
 
     def compact_for_overflow(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Iterator[Rendered]:
         """The outer's overflow ladder over the inner's rendering (nothing if it has none)."""
-        ladder = getattr(self.outer, "compact_for_overflow", None)
-        if ladder is None:
+        if isinstance(self.outer, Follower):
+            first, outer_cache = self._points(self.outer, history, state, cache)
+            ladder = self.outer.compact_for_overflow(
+                first.transcript, None, outer_cache, follow=True, source=history.messages
+            )
+            for second in ladder:
+                yield Rendered(
+                    second.transcript,
+                    _Points(self, history.messages, first.cache, second.cache),
+                    merge_stats(first, second),
+                )
+            return
+        outer_ladder = getattr(self.outer, "compact_for_overflow", None)
+        if outer_ladder is None:
             return
         inner_cache, outer_cache = cache if cache is not None else (None, None)
         first = self.inner.render(history, state, inner_cache)
-        for second in ladder(first.transcript, None, outer_cache):
+        for second in outer_ladder(first.transcript, None, outer_cache):
             yield Rendered(
                 second.transcript, (first.cache, second.cache), merge_stats(first, second)
             )
+
+    def _points(
+        self, outer: Follower, history: Transcript, state: RenderState | None, cache: Any
+    ) -> tuple[Rendered, Any]:
+        """The inner's rendering of ``history`` and the outer's cache as of the request
+        point before it: the outer follows the inner at every point ``cache`` has not seen."""
+        messages = history.messages
+        if (
+            isinstance(cache, _Points)
+            and cache.owner is self
+            and messages[: len(cache.history)] == cache.history
+        ):
+            inner_cache, outer_cache, start = cache.inner, cache.outer, len(cache.history) + 1
+        else:
+            inner_cache, outer_cache, start = None, None, 0
+        for point in range(start, len(messages)):
+            if messages[point].role != "assistant":
+                continue
+            source = messages[:point]
+            earlier = self.inner.render(
+                history.with_messages(source), _before(state, point), inner_cache
+            )
+            outer_cache = outer.follow(earlier.transcript, outer_cache, source).cache
+            inner_cache = earlier.cache
+        return self.inner.render(history, state, inner_cache), outer_cache
+
+
+def _before(state: RenderState | None, point: int) -> RenderState | None:
+    """The render state of the request at ``point``: the restores made before it."""
+    if state is None:
+        return None
+    return replace(state, restored=frozenset(i for i in state.restored if i < point))
 
 
 def merge_stats(first: Rendered, second: Rendered) -> RenderStats:

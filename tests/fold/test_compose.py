@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.fold.baselines import Base, Clip, Mask
 from gateway.fold.cliff import Cliff
 from gateway.fold.compose import Composed
+from gateway.fold.renderer import Rendered, Renderer
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
+from tests.fold.test_cliff import histories
 
 
 def chars(message: Message) -> int:
@@ -50,8 +57,10 @@ def test_outer_cliff_compacts_the_inner_rendering_when_still_over_budget() -> No
     assert out.stats.compactions == 1
     assert out.stats.notes == ()
     assert got[3:] == masked.messages[len(masked.messages) - len(got) + 3 :]
-    # The cliff summarised the mask's one-liners, not the original outputs.
-    assert "result of bash: [output of step 0 omitted]" in got[2].text.split("\n")
+    # The cliff summarised the history's outputs (as the cliff alone would), not the
+    # mask's one-liners.
+    assert "result of bash: dropped (606 characters)" in got[2].text.split("\n")
+    assert "[output of step 0 omitted]" not in got[2].text
     assert out.stats.steps == 14  # steps come from the inner: they name history steps
 
 
@@ -67,7 +76,6 @@ def test_cache_pair_gives_the_same_rendering_as_no_cache() -> None:
         cold = renderer.render(prefix)
         assert warm.transcript == cold.transcript
         assert warm.stats == cold.stats
-        assert isinstance(warm.cache, tuple) and len(warm.cache) == 2
         cache = warm.cache
 
 
@@ -90,3 +98,138 @@ def test_no_overflow_ladder_without_a_cliff_outside() -> None:
 def test_parts_must_be_renderers() -> None:
     with pytest.raises(TypeError, match="outer must be a Renderer"):
         Composed(Base(), "cliff")  # type: ignore[arg-type]
+
+
+# -- an outer cliff keeps its cut across the inner's rewrites ------------------------------
+
+
+class ShrinkOld(Renderer):
+    """A test inner that rewrites in place, as ReFold does at its boundary moves: every
+    tool output older than the last ``keep`` loses all but its first ``keep_chars``."""
+
+    name = "shrink"
+
+    def __init__(self, keep: int = 2, keep_chars: int = 8) -> None:
+        self.keep = keep
+        self.keep_chars = keep_chars
+
+    def render(self, history: Transcript, state: Any = None, cache: Any = None) -> Rendered:
+        outputs = [i for i, m in enumerate(history.messages) if m.role == "tool"]
+        messages = list(history.messages)
+        for i in outputs[: max(0, len(outputs) - self.keep)]:
+            messages[i] = messages[i].with_text(messages[i].text[: self.keep_chars])
+        return Rendered(history.with_messages(messages))
+
+
+def requests(history: Transcript) -> list[Transcript]:
+    """What a harness sends: the history before every assistant message, then all of it."""
+    points = [i for i, m in enumerate(history.messages) if m.role == "assistant"]
+    return [history.with_messages(history.messages[:p]) for p in [*points, len(history.messages)]]
+
+
+def session(renderer: Renderer, history: Transcript) -> list[Rendered]:
+    """Every request of ``history`` rendered in order, the cache carried along."""
+    out, cache = [], None
+    for request in requests(history):
+        rendered = renderer.render(request, cache=cache)
+        out.append(rendered)
+        cache = rendered.cache
+    return out
+
+
+LONG = tuple(f"out {i} " + "w" * 600 for i in range(30))  # over the 500-character rule
+
+
+def test_a_rewrite_below_the_cut_changes_nothing_that_is_sent() -> None:
+    # The inner shrinks outputs 14 steps back: once compacted, always below the cut.
+    history = tool_history(*LONG)
+    composed = Composed(ShrinkOld(keep=14), Cliff(4_000, keep_turns=3, count_tokens=chars))
+    rendered = session(composed, history)
+    assert rendered[-1].stats.compactions >= 3
+    for before, after in pairwise(rendered):
+        if before.stats.compactions and after.stats.compactions == before.stats.compactions:
+            old = before.transcript.messages
+            assert after.transcript.messages[: len(old)] == old
+
+
+def test_following_cliff_keeps_its_summary_across_an_inner_rewrite() -> None:
+    history = tool_history(*LONG[:12])
+    # Only the request over the whole history crosses: one compaction.
+    cliff = Cliff(sum(chars(m) for m in history.messages) - 1, count_tokens=chars)
+    first = cliff.follow(history)
+    assert first.stats.compactions == 1
+    summary = first.transcript.messages[2]
+    cut = len(history.messages) - len(first.transcript.messages) + 3
+    # An inner rewrote every summarised output in place (same places, roles, call ids),
+    # and the session went on by one step.
+    grown = tool_history(*LONG[:13]).messages
+    context = [
+        m.with_text("short") if m.role == "tool" and i < cut else m for i, m in enumerate(grown)
+    ]
+    again = cliff.follow(history.with_messages(context), first.cache)
+    assert again.stats.compactions == 1
+    assert again.transcript.messages[: len(first.transcript.messages)] == first.transcript.messages
+    # Not following, a history whose prefix changed is another one: it starts over.
+    assert (
+        cliff.render(history.with_messages(context), cache=first.cache).transcript.messages[2]
+        != summary
+    )
+
+
+def test_the_summary_is_written_from_the_history_as_cliff_alone_writes_it() -> None:
+    history = tool_history(*LONG[:12])
+    # The inner shrank every output below 500 characters: summarised from the rendering,
+    # they would read verbatim where the cliff alone writes "dropped".
+    shrunk = ShrinkOld(keep=0, keep_chars=400).render(history).transcript
+    cliff = Cliff(sum(chars(m) for m in shrunk.messages) - 1, count_tokens=chars)
+    followed = cliff.follow(shrunk, None, history.messages).transcript.messages
+    entries = followed[2].text.split("\n")[1:]
+    results = [e for e in entries if e.startswith("result of bash")]
+    assert results and all(e == "result of bash: dropped (606 characters)" for e in results)
+    assert followed[3:] == shrunk.messages[len(shrunk.messages) - len(followed) + 3 :]
+    # Without the source (or with one that does not line up) it summarises what it got.
+    own = cliff.follow(shrunk, None, history.messages[:5]).transcript.messages
+    assert any(e.startswith("result of bash: out ") for e in own[2].text.split("\n"))
+
+
+def test_a_kept_part_the_inner_shrinks_postpones_the_next_compaction() -> None:
+    history = tool_history(*LONG)
+    alone = session(Cliff(4_000, keep_turns=3, count_tokens=chars), history)
+    composed = session(
+        Composed(ShrinkOld(keep=3, keep_chars=100), Cliff(4_000, keep_turns=3, count_tokens=chars)),
+        history,
+    )
+    assert 0 < composed[-1].stats.compactions < alone[-1].stats.compactions
+
+
+@settings(max_examples=40, deadline=None)
+@given(histories(), st.integers(200, 3_000))
+def test_base_inside_is_exactly_cliff_alone(history: Transcript, threshold: int) -> None:
+    cliff = Cliff(threshold, keep_turns=2, count_tokens=chars)
+    composed = Composed(Base(), Cliff(threshold, keep_turns=2, count_tokens=chars))
+    for alone, both in zip(session(cliff, history), session(composed, history), strict=True):
+        assert both.transcript == alone.transcript
+        assert both.stats.compactions == alone.stats.compactions
+
+
+@settings(max_examples=80, deadline=None)
+@given(histories(), st.integers(200, 3_000), st.integers(0, 4), st.integers(0, 700))
+def test_a_shrinking_inner_never_compacts_more_than_cliff_alone(
+    history: Transcript, threshold: int, keep: int, keep_chars: int
+) -> None:
+    alone = session(Cliff(threshold, keep_turns=2, count_tokens=chars), history)
+    inner = ShrinkOld(keep=keep, keep_chars=keep_chars)
+    composed = session(Composed(inner, Cliff(threshold, keep_turns=2, count_tokens=chars)), history)
+    assert composed[-1].stats.compactions <= alone[-1].stats.compactions
+
+
+@settings(max_examples=40, deadline=None)
+@given(histories(), st.integers(200, 3_000))
+def test_following_cache_gives_the_same_rendering_as_no_cache(
+    history: Transcript, threshold: int
+) -> None:
+    composed = Composed(ShrinkOld(keep=2), Cliff(threshold, keep_turns=2, count_tokens=chars))
+    for request, warm in zip(requests(history), session(composed, history), strict=True):
+        cold = composed.render(request)
+        assert warm.transcript == cold.transcript
+        assert warm.stats == cold.stats
