@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway import accounting, metrics
 from gateway.config import GatewayConfig
+from gateway.context_guard import ContextGuard
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_reply, encode_request
 from gateway.dialects.volatile import without_volatile
@@ -68,6 +69,11 @@ def with_gateway_turns(
                 restored.append(len(history))
             history.append(message)
     return history, restored
+
+
+def _fold_options(strategy: str, fold: str) -> dict[str, str]:
+    """``make_renderer`` options for ReFold's fold mode (only a strategy with refold takes it)."""
+    return {"fold": fold} if "refold" in strategy.split("+") else {}
 
 
 @dataclass
@@ -122,6 +128,15 @@ class Pipeline:
             config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
         )
         self.quotas = Quotas(store, self.tenants)
+        # With no budget configured, a cliff below the replicas' context window.
+        self.guard = ContextGuard(
+            pool.healthy,
+            upstream.get_json,
+            lambda spec, limit, fold: make_renderer(
+                spec, k=config.k, budget=limit, **_fold_options(spec, fold)
+            ),
+            enabled=config.budget is None,
+        )
 
     async def drain(self) -> None:
         """Wait for accounting still in flight (before the store closes)."""
@@ -134,10 +149,12 @@ class Pipeline:
         fold = fold or self.config.fold
         key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
         if key not in self._renderers:
-            options = {"fold": fold} if "refold" in strategy.split("+") else {}
             try:
                 self._renderers[key] = make_renderer(
-                    strategy, k=self.config.k, budget=self.config.budget, **options
+                    strategy,
+                    k=self.config.k,
+                    budget=self.config.budget,
+                    **_fold_options(strategy, fold),
                 )
             except ValueError as exc:
                 header = self.config.strategy_header
@@ -219,7 +236,10 @@ class Pipeline:
         return with_gateway_turns(transcript.messages, turns)
 
     def render(self, prepared: Prepared) -> tuple[Transcript, int]:
-        renderer = self.renderer(prepared.strategy, prepared.fold)
+        session = (prepared.tenant, prepared.session)
+        renderer = self.guard.renderer(
+            session, prepared.strategy, prepared.transcript, prepared.fold
+        ) or self.renderer(prepared.strategy, prepared.fold)
         key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
         started = time.perf_counter()
         prepared.pressure = self.pressure()
@@ -246,7 +266,9 @@ class Pipeline:
             metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
         self._reprefill[key] = stats.reprefill_tokens
         prepared.stats = stats
-        return rendered.transcript, prepared.memo.tokens(rendered.transcript.messages)
+        tokens = prepared.memo.tokens(rendered.transcript.messages)
+        self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
+        return rendered.transcript, tokens
 
     def upstream_body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
         """The rendered context as a streaming chat request for a vLLM replica."""
@@ -303,6 +325,7 @@ class Pipeline:
         can still answer with a proper error status.
         """
         await self._discover_model()
+        await self.guard.learn(self.upstream_model)
         rendered, tokens = self.render(prepared)
         try:
             replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
@@ -335,7 +358,9 @@ class Pipeline:
                 refusal = exc
                 continue
             prepared.stats = rung.stats
-            return replica, stream, sum(estimate_tokens(m) for m in rung.transcript.messages)
+            tokens = sum(estimate_tokens(m) for m in rung.transcript.messages)
+            self.guard.rendered((prepared.tenant, prepared.session), tokens, compacted=False)
+            return replica, stream, tokens
         raise refusal
 
     async def _chunks(
@@ -355,6 +380,7 @@ class Pipeline:
                 yield out
             if decision.usage:
                 usage.append(dict(decision.usage))
+                self.guard.observe((prepared.tenant, prepared.session), decision.usage)
             if not decision.restores:
                 break
             if restores >= self.config.max_restores:

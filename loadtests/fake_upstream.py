@@ -33,12 +33,24 @@ class ScriptedReply:
 
 
 class FakeUpstream:
-    """Replies from ``script`` in order, then ``default`` forever; records every request."""
+    """Replies from ``script`` in order, then ``default`` forever; records every request.
 
-    def __init__(self, script: Iterable[ScriptedReply] = (), default: ScriptedReply | None = None):
+    ``max_model_len``: a context window, reported by ``/v1/models`` as vLLM does; a prompt
+    longer than it (counted as the usage below counts it) is refused with vLLM's 400, and
+    recorded in ``refused``.
+    """
+
+    def __init__(
+        self,
+        script: Iterable[ScriptedReply] = (),
+        default: ScriptedReply | None = None,
+        max_model_len: int | None = None,
+    ):
         self.script: deque[ScriptedReply] = deque(script)
         self.default = default or ScriptedReply()
+        self.max_model_len = max_model_len
         self.requests: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -75,12 +87,24 @@ class FakeUpstream:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}
-        )
+        model: dict[str, Any] = {"id": FAKE_MODEL, "object": "model"}
+        if self.max_model_len is not None:
+            model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        prompt_tokens = self.prompt_tokens(body)
+        if self.max_model_len is not None and prompt_tokens > self.max_model_len:
+            self.refused.append(body)
+            message = (
+                f"This model's maximum context length is {self.max_model_len} tokens. However,"
+                f" your prompt contains {prompt_tokens} input tokens, which exceeds this limit"
+                " even without any output tokens. Please reduce the length of the input prompt."
+            )
+            return web.json_response(
+                {"error": {"message": message, "type": "BadRequestError"}}, status=400
+            )
         self.requests.append(body)
         reply = self.script.popleft() if self.script else self.default
         if reply.status != 200:
@@ -90,11 +114,16 @@ class FakeUpstream:
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for chunk in self.chunks(reply, prompt_tokens=len(json.dumps(body["messages"])) // 4):
+        for chunk in self.chunks(reply, prompt_tokens=prompt_tokens):
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    @staticmethod
+    def prompt_tokens(body: dict[str, Any]) -> int:
+        """The fake's token count of a request: a quarter of its messages' JSON."""
+        return len(json.dumps(body["messages"])) // 4
 
     @staticmethod
     def chunks(reply: ScriptedReply, prompt_tokens: int) -> list[dict[str, Any]]:
