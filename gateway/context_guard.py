@@ -32,10 +32,12 @@ the rendered messages, the unit the cliff counts in:
 - ``MARGIN``: one new tool output of dense text (JSON, base64, CJK: 2-3 bytes per token
   against ~4) can raise a prompt's ratio by several percent between two replies.
 
-A new threshold makes the session's cliff evaluate its history again, which may move its
-cut (a prefix-cache miss). So the ratio is rounded up to steps of ``RATIO_STEP``, and once
-the session has compacted its threshold only goes down, and only when the window, the
-ratio or the tools call for it (never for a reply size that changed).
+A new threshold makes the session's cliff evaluate its history again (a replay of its
+request points), which may move its cut (a prefix-cache miss). So the ratio is rounded up
+to steps of ``RATIO_STEP`` and follows a new reading at once only upwards (downwards only
+by more than two steps), and once the session has compacted its threshold only goes down,
+and only when the window, the ratio or the tools call for it (never for a reply size that
+changed).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def window_of(models: Any, model: str | None) -> int | None:
 
 @dataclass(slots=True)
 class _Session:
-    ratio: float | None = None  # the last reply's upstream prompt tokens / estimate sent
+    ratio: float | None = None  # upstream prompt tokens / estimate sent, rounded (see doc)
     threshold: int | None = None
     reply: int = 0  # the reply room ``threshold`` was derived with
     compacted: bool = False
@@ -191,7 +193,7 @@ class ContextGuard:
         if transcript.tools != session.schemas:
             session.schemas, session.tools = transcript.tools, tools_estimate(transcript)
         tools = session.tools
-        ratio = rounded_ratio(session.ratio or max(self._recent, default=PRIOR_RATIO))
+        ratio = session.ratio or rounded_ratio(max(self._recent, default=PRIOR_RATIO))
         reply = reply_room(window, transcript.params.get("max_tokens"))
         if session.threshold is None or not session.compacted:
             session.threshold, session.reply = threshold(window, reply, ratio, tools), reply
@@ -217,8 +219,11 @@ class ContextGuard:
         prompt = usage.get("prompt_tokens")
         if session is None or not session.sent or not isinstance(prompt, int) or prompt <= 0:
             return
-        session.ratio = prompt / session.sent
-        self._recent.append(session.ratio)
+        ratio = prompt / session.sent
+        self._recent.append(ratio)
+        held = session.ratio
+        if held is None or ratio > held or ratio < held - 2 * RATIO_STEP:
+            session.ratio = rounded_ratio(ratio)
 
     def _session(self, key: Hashable) -> _Session:
         session = self._sessions.get(key)

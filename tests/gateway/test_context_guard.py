@@ -156,6 +156,9 @@ async def test_threshold_follows_calibration_until_the_session_compacts() -> Non
     guard.observe("s", {"prompt_tokens": 2_400})
     second = cliff_of(guard.renderer("s", "refold", request(1_000)))
     assert second.threshold == threshold(WINDOW, 1_000, rounded_ratio(1.2), 0)
+    # A reading a little lower does not move it (each move replays the session's points).
+    guard.observe("s", {"prompt_tokens": 2_350})
+    assert cliff_of(guard.renderer("s", "refold", request(1_000))) is second
     # A new session starts from the largest recent ratio, not the prior.
     other = cliff_of(guard.renderer("t", "base", request(1_000)))
     assert other.threshold == second.threshold
