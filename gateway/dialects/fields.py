@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from gateway.dialects.errors import DialectError
 
-Dialect = Literal["openai", "anthropic"]
-OPENAI: Dialect = "openai"
-ANTHROPIC: Dialect = "anthropic"
+DialectName = Literal["openai", "anthropic", "responses"]
+OPENAI: DialectName = "openai"
+ANTHROPIC: DialectName = "anthropic"
+RESPONSES: DialectName = "responses"
 
 # The dialect a Transcript's ``params`` are written in: set by the decoders, removed by the
 # encoders, so that encoding into the other dialect knows to convert them.
@@ -73,13 +74,13 @@ def check_request_body(body: Any) -> dict[str, Any]:
     return body
 
 
-def hints(meta: Mapping[str, Any], dialect: Dialect) -> Mapping[str, Any]:
+def hints(meta: Mapping[str, Any], dialect: DialectName) -> Mapping[str, Any]:
     """This dialect's hints in ``meta`` (empty when the object came from elsewhere)."""
     found = meta.get(dialect)
     return found if isinstance(found, Mapping) else {}
 
 
-def make_meta(dialect: Dialect, **values: Any) -> dict[str, Any]:
+def make_meta(dialect: DialectName, **values: Any) -> dict[str, Any]:
     """A ``meta`` dict holding the given hints, leaving out the ones that are None/empty."""
     kept = {k: v for k, v in values.items() if v is not None and v != {}}
     return {dialect: kept} if kept else {}

@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from gateway.config import GatewayConfig
 from gateway.dialects import anthropic_messages, openai_chat
+from gateway.dialects.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC
 from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
 from gateway.dialects.volatile import without_volatile
-from gateway.endpoints import ANTHROPIC, OPENAI
 from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
-from gateway.request_cache import DecodeCache, MessageMemo, session_ids
+from gateway.request_cache import DecodeCache, Decoded, MessageMemo, session_ids
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
@@ -45,8 +46,8 @@ def full_decode(name: str, body: dict[str, Any]) -> Any:
     return t
 
 
-def cached_decode(cache: DecodeCache, codec: Any, body: dict[str, Any]) -> Any:
-    decoded = cache.decode(codec, body)
+def cached_decode(cache: DecodeCache, dialect: Any, body: dict[str, Any]) -> Any:
+    decoded = cache.decode(dialect, body)
     return decoded.transcript, decoded.stored, decoded.tokens
 
 
@@ -103,7 +104,7 @@ def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any) -> No
         cache = DecodeCache()
         for body in sequence:
             expected = full_decode(endpoint.name, body)
-            got = outcome(lambda b: cached_decode(cache, endpoint.codec, b), copy.deepcopy(body))
+            got = outcome(lambda b: cached_decode(cache, endpoint, b), copy.deepcopy(body))
             assert got == expected
 
     check()
@@ -132,9 +133,9 @@ HISTORY = [
 
 def test_the_unchanged_prefix_reuses_the_decoded_messages() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
     grown = chat([*copy.deepcopy(HISTORY), call("c2"), result("c2")])
-    second = cache.decode(OPENAI.codec, grown).transcript
+    second = cache.decode(OPENAI, grown).transcript
     assert all(a is b for a, b in zip(first.messages, second.messages[:4], strict=True))
     assert second.messages[5].tool_call_id == "c2"
 
@@ -151,8 +152,8 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
         return {"model": "m", "max_tokens": 8, "system": [block("sys", 0)], "messages": turns}
 
     cache = DecodeCache()
-    first = cache.decode(ANTHROPIC.codec, body(0))
-    second = cache.decode(ANTHROPIC.codec, body(2))
+    first = cache.decode(ANTHROPIC, body(0))
+    second = cache.decode(ANTHROPIC, body(2))
     assert second.transcript == full_decode("anthropic", body(2))[0]
     assert second.transcript.messages[0] is first.transcript.messages[0]  # the system prompt
     assert second.transcript.messages[1] is first.transcript.messages[1]
@@ -162,10 +163,10 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
 
 def test_an_edited_message_is_decoded_again_from_there() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
     edited = copy.deepcopy(HISTORY)
     edited[2]["tool_calls"][0]["function"]["arguments"] = '{"x": 1}'
-    second = cache.decode(OPENAI.codec, chat(edited)).transcript
+    second = cache.decode(OPENAI, chat(edited)).transcript
     assert second.messages[1] is first.messages[1]
     assert second.messages[2].tool_calls[0].arguments == '{"x": 1}'
     assert second.messages[3] is not first.messages[3]
@@ -173,30 +174,30 @@ def test_an_edited_message_is_decoded_again_from_there() -> None:
 
 def test_a_result_must_answer_a_call_issued_in_the_reused_prefix() -> None:
     cache = DecodeCache()
-    cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)))
     with pytest.raises(DialectError, match="'c9' does not answer") as err:
-        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY), result("c9")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY), result("c9")]))
     assert err.value.param == "messages[4].tool_call_id"
     # A cut history forgets the calls it no longer holds.
     with pytest.raises(DialectError, match="'c1' does not answer"):
-        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
 
 
 def test_the_body_checks_run_on_every_request() -> None:
     cache = DecodeCache()
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    cache.decode(ANTHROPIC.codec, copy.deepcopy(body))
+    cache.decode(ANTHROPIC, copy.deepcopy(body))
     del body["max_tokens"]
     with pytest.raises(DialectError, match="max_tokens"):
-        cache.decode(ANTHROPIC.codec, body)
+        cache.decode(ANTHROPIC, body)
 
 
 def test_sessions_are_kept_apart_and_the_cache_is_bounded() -> None:
     cache = DecodeCache(max_sessions=1)
-    a = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
-    b = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
+    a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
     assert b.messages[0] is not a.messages[0]
-    again = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    again = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
     assert again == a
 
@@ -250,9 +251,10 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
     headers = {"x-session-id": "s"}
     try:
         for body in grown_bodies(8):
-            decoded = cached.decode(OPENAI.codec, copy.deepcopy(body), headers)
+            decoded = await cached.decode(OPENAI, copy.deepcopy(body), headers)
             got = await cached.prepare(decoded, body, headers)
-            want = await fresh.prepare(OPENAI.decode(copy.deepcopy(body)), body, headers)
+            whole = Decoded.full(OPENAI.decode(copy.deepcopy(body)))  # the oracle
+            want = await fresh.prepare(whole, body, headers)
             assert (got.branch, got.raw_tokens) == (want.branch, want.raw_tokens)
             got_rendered, got_tokens = cached.render(got)
             want_rendered, want_tokens = fresh.render(want)
