@@ -159,6 +159,7 @@ class Pipeline:
                 f"no kept response {reply_id!r} (never stored, created with store=false, "
                 "or expired)",
                 param="previous_response_id",
+                code="previous_response_not_found",
             )
         record = orjson.loads(data)
         try:
@@ -167,6 +168,7 @@ class Pipeline:
             raise DialectError(
                 f"the conversation of response {reply_id!r} has expired",
                 param="previous_response_id",
+                code="previous_response_not_found",
             ) from exc
         kept = [Message.from_dict(m) for m in history.messages[: record["length"]]]
         kept += [Message.from_dict(m) for m in record["reply"]]

@@ -97,7 +97,9 @@ class Decoded:
     def full(
         cls, transcript: Transcript, memo: MessageMemo | None = None, session: str | None = None
     ) -> Decoded:
-        """Computed from scratch for ``transcript``; markers (``cache_control``) dropped."""
+        """Computed from scratch for ``transcript``, markers such as ``cache_control`` dropped:
+        they move from turn to turn and mean nothing upstream; kept, they would make an
+        unchanged message look edited (a fork per request)."""
         messages = tuple(without_volatile(m) for m in transcript.messages)
         tokens = sum(estimate_tokens(m) for m in messages)
         stored = [m.to_dict() for m in messages]

@@ -48,6 +48,7 @@ from gateway.dialects.fields import (
     DIALECT_PARAM,
     OPENAI,
     DialectName,
+    answered_call,
     check_request_body,
     expect_bool,
     expect_list,
@@ -169,12 +170,7 @@ def _decode_message(
 
 
 def _decode_tool_result(block: Mapping[str, Any], path: str, issued: set[str]) -> Message:
-    call_id = expect_str(require(block, "tool_use_id", path), f"{path}.tool_use_id")
-    if call_id not in issued:
-        raise DialectError(
-            f"tool_use_id {call_id!r} does not answer any earlier assistant tool_use",
-            param=f"{path}.tool_use_id",
-        )
+    call_id = answered_call(block, "tool_use_id", path, issued, "assistant tool_use")
     is_error = expect_bool(block["is_error"], f"{path}.is_error") if "is_error" in block else False
     parts: list[Part] = []
     form = "absent"

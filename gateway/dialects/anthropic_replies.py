@@ -25,6 +25,8 @@ STOP_REASONS: Mapping[str, str] = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+
+
 def anthropic_usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
     """OpenAI usage as Anthropic usage: ``input_tokens`` there excludes cache reads."""
     usage = usage or {}

@@ -61,6 +61,20 @@ def require(obj: Mapping[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
+def answered_call(
+    obj: Mapping[str, Any], key: str, path: str, issued: set[str] | None, calls: str
+) -> str:
+    """The call id a tool result names under ``key``; with ``issued`` (the call ids made
+    before it), one that answers no call is refused: the result would have nothing to
+    pair with when rendered."""
+    call_id = expect_str(require(obj, key, path), path_join(path, key))
+    if issued is not None and call_id not in issued:
+        raise DialectError(
+            f"{key} {call_id!r} does not answer any earlier {calls}", param=path_join(path, key)
+        )
+    return call_id
+
+
 def path_join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 

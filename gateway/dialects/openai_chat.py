@@ -29,6 +29,7 @@ from gateway.dialects.fields import (
     ANTHROPIC,
     DIALECT_PARAM,
     OPENAI,
+    answered_call,
     check_request_body,
     expect_list,
     expect_object,
@@ -124,12 +125,7 @@ def decode_message(raw: Any, path: str = "message", issued: set[str] | None = No
     call_id = None
     if role == "tool":
         known.add("tool_call_id")
-        call_id = expect_str(require(msg, "tool_call_id", path), f"{path}.tool_call_id")
-        if issued is not None and call_id not in issued:
-            raise DialectError(
-                f"tool_call_id {call_id!r} does not answer any earlier assistant tool call",
-                param=f"{path}.tool_call_id",
-            )
+        call_id = answered_call(msg, "tool_call_id", path, issued, "assistant tool call")
     meta = make_meta(
         OPENAI,
         role="developer" if role_name == "developer" else None,

@@ -38,6 +38,7 @@ from gateway.dialects.fields import (
     DIALECT_PARAM,
     OPENAI,
     RESPONSES,
+    answered_call,
     check_request_body,
     expect_bool,
     expect_list,
@@ -248,12 +249,7 @@ def _reasoning_texts(item: dict[str, Any], key: str, path: str) -> list[str]:
 
 
 def _tool_output(item: dict[str, Any], path: str, issued: set[str]) -> Message:
-    call_id = expect_str(require(item, "call_id", path), f"{path}.call_id")
-    if call_id not in issued:
-        raise DialectError(
-            f"call_id {call_id!r} does not answer any earlier function_call",
-            param=f"{path}.call_id",
-        )
+    call_id = answered_call(item, "call_id", path, issued, "function_call")
     parts = _content(require(item, "output", path), f"{path}.output")
     fields = extra_fields(item, frozenset({"call_id", "output"}))
     return Message(
@@ -281,11 +277,10 @@ class OpenAIResponses(Dialect):
         if body.get("previous_response_id") is not None:
             expect_str(body["previous_response_id"], "previous_response_id")
         lead: tuple[Message, ...] = ()
-        if body.get("instructions") is not None:
-            instructions = expect_str(body["instructions"], "instructions")
-            lead = (
-                Message("system", (Text(instructions),), meta={RESPONSES: {"instructions": True}}),
-            )
+        instructions = body.get("instructions")
+        if instructions is not None and expect_str(instructions, "instructions"):
+            meta = {RESPONSES: {"instructions": True}}
+            lead = (Message("system", (Text(instructions),), meta=meta),)
         transcript = Transcript(lead, tools=_convert_tools(body), params=_params(body))
         return transcript, group_items(items)
 
@@ -436,9 +431,9 @@ class ResponseWriter:
             delta = choice.get("delta") or {}
             thinking = thinking_text(delta)
             if thinking:
-                events += self._reasoning_delta(thinking)
+                events += self._content_delta("reasoning", thinking)
             if delta.get("content"):
-                events += self._text_delta(delta["content"])
+                events += self._content_delta("text", delta["content"])
             for call in delta.get("tool_calls") or ():
                 events += self._call_delta(call)
         return events
@@ -468,7 +463,7 @@ class ResponseWriter:
 
     def _begin(self, key: str, item: dict[str, Any]) -> list[Event]:
         events = self._close()
-        self._open, self._open_key = item, key
+        self._open, self._open_key, self._open_text = item, key, []
         return [
             *events,
             self._event(
@@ -476,59 +471,31 @@ class ResponseWriter:
             ),
         ]
 
-    def _reasoning_delta(self, text: str) -> list[Event]:
+    def _content_delta(self, key: str, text: str) -> list[Event]:
+        """A reasoning (``key`` "reasoning") or text ("text") delta, opening its item first."""
         events: list[Event] = []
-        if self._open_key != "reasoning":
-            item = {
-                "id": f"rs_{uuid.uuid4().hex}",
-                "type": "reasoning",
-                "summary": [],
-                "content": [],
-            }
-            events = self._begin("reasoning", item)
-            part = {"type": "reasoning_text", "text": ""}
+        if self._open_key != key:
+            if key == "reasoning":
+                item: dict[str, Any] = {"type": "reasoning", "summary": [], "content": []}
+                part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+            else:
+                item = {"type": "message", "role": "assistant", "status": "in_progress"}
+                item["content"] = []
+                part = {"type": "output_text", "text": "", "annotations": []}
+            prefix = "rs" if key == "reasoning" else "msg"
+            events = self._begin(key, {"id": f"{prefix}_{uuid.uuid4().hex}", **item})
             events.append(
                 self._event(
                     "response.content_part.added", **self._item_ref(), content_index=0, part=part
                 )
             )
-            self._open_text = []
         self._open_text.append(text)
-        events.append(
-            self._event(
-                "response.reasoning_text.delta", **self._item_ref(), content_index=0, delta=text
-            )
+        kind, extra = (
+            ("response.reasoning_text.delta", {})
+            if key == "reasoning"
+            else ("response.output_text.delta", {"logprobs": []})
         )
-        return events
-
-    def _text_delta(self, text: str) -> list[Event]:
-        events: list[Event] = []
-        if self._open_key != "text":
-            item = {
-                "id": f"msg_{uuid.uuid4().hex}",
-                "type": "message",
-                "role": "assistant",
-                "status": "in_progress",
-                "content": [],
-            }
-            events = self._begin("text", item)
-            part = {"type": "output_text", "text": "", "annotations": []}
-            events.append(
-                self._event(
-                    "response.content_part.added", **self._item_ref(), content_index=0, part=part
-                )
-            )
-            self._open_text = []
-        self._open_text.append(text)
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                **self._item_ref(),
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        events.append(self._event(kind, **self._item_ref(), content_index=0, delta=text, **extra))
         return events
 
     def _call_delta(self, call: Mapping[str, Any]) -> list[Event]:
@@ -549,7 +516,6 @@ class ResponseWriter:
                 "arguments": "",
             }
             events = self._begin(key, item)
-            self._open_text = []
         if fn.get("arguments"):
             self._open_text.append(fn["arguments"])
             events.append(

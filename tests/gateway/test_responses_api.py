@@ -115,6 +115,7 @@ async def test_codex_style_resends_only_append(gateway_with_fake, store_url):
         with pytest.raises(openai.BadRequestError) as err:  # store: false keeps nothing
             await client.responses.create(model="m", previous_response_id=response.id, input="x")
         assert err.value.body["param"] == "previous_response_id"
+        assert err.value.body["code"] == "previous_response_not_found"
     async with store_at(store_url) as store:
         stored = await store.load("default", "codex", 0)
         assert len(stored.messages) == 2 + 2 * 2  # developer, user, then two steps
