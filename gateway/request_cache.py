@@ -182,18 +182,24 @@ class DecodeCache:
 
 def _digest(raw: list[Any]) -> str:
     """The roles and texts of the first raw messages: markers such as ``cache_control``
-    move between requests and must not change a session's key."""
+    move between requests and must not change a session's key. A unit that groups several
+    items (``{"items": [...]}``, Responses) counts by its items."""
     h = xxhash.xxh3_64()
-    for message in raw:
-        if not isinstance(message, dict):
-            continue
+    for unit in raw:
+        grouped = unit.get("items") if isinstance(unit, dict) else None
+        for message in grouped if isinstance(grouped, list) else [unit]:
+            _digest_message(h, message)
+    return h.hexdigest()
+
+
+def _digest_message(h: xxhash.xxh3_64, message: Any) -> None:
+    if isinstance(message, dict):
         h.update(f"\0{message.get('role')}\0".encode("utf-8", "surrogatepass"))
         content = message.get("content")
         blocks = content if isinstance(content, list) else [{"text": content}]
         for block in blocks:
             if isinstance(block, dict) and isinstance(block.get("text"), str):
                 h.update(block["text"].encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
 
 
 def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str) -> list[Any]:

@@ -93,7 +93,8 @@ def _convert_tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
         tool = expect_object(raw, f"tools[{i}]")
         if expect_str(require(tool, "type", f"tools[{i}]"), f"tools[{i}].type") != "function":
             continue
-        fn: dict[str, Any] = {"name": expect_str(require(tool, "name", f"tools[{i}]"), "name")}
+        name = expect_str(require(tool, "name", f"tools[{i}]"), f"tools[{i}].name")
+        fn: dict[str, Any] = {"name": name}
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
         fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
@@ -120,9 +121,12 @@ def _convert_tool_choice(choice: Any) -> Any:
 
 def _convert_text_format(text: Any) -> dict[str, Any] | None:
     fmt = expect_object(text, "text").get("format")
-    if fmt is None or fmt.get("type") == "text":
+    if fmt is None:
         return None
-    kind = expect_str(require(expect_object(fmt, "text.format"), "type", "text.format"), "type")
+    fmt = expect_object(fmt, "text.format")
+    kind = expect_str(require(fmt, "type", "text.format"), "text.format.type")
+    if kind == "text":
+        return None
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":

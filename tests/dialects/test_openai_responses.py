@@ -210,6 +210,12 @@ BAD = [
     ("instructions type", {"model": "m", "input": "x", "instructions": 3}, "instructions"),
     ("tools not a list", {"model": "m", "input": "x", "tools": {}}, "tools"),
     (
+        "tool without a name",
+        {"model": "m", "input": "x", "tools": [{"type": "function"}]},
+        "tools[0].name",
+    ),
+    ("text format type", {"model": "m", "input": "x", "text": {"format": "json"}}, "text.format"),
+    (
         "hosted tool_choice",
         {"model": "m", "input": "x", "tool_choice": {"type": "web_search"}},
         "tool_choice",
@@ -392,3 +398,17 @@ def test_interleaved_call_deltas_are_refused() -> None:
     writer.feed(chunk({"tool_calls": [{**start, "index": 1, "id": "b"}]}))
     with pytest.raises(DialectError, match="resumed"):
         writer.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+
+
+def test_conversations_without_ids_keep_their_own_decode() -> None:
+    """The cache keys a session by its first items when the request names none."""
+    cache = DecodeCache()
+
+    def body(task: str, steps: int) -> dict[str, Any]:
+        items = [x for s in range(steps) for x in (call(f"c{s}"), output(f"c{s}"))]
+        return {"model": "m", "input": [{"role": "user", "content": task}, *items]}
+
+    a = cache.decode(OPENAI_RESPONSES, body("task a", 1)).transcript
+    cache.decode(OPENAI_RESPONSES, body("task b", 1))
+    grown = cache.decode(OPENAI_RESPONSES, body("task a", 2)).transcript
+    assert all(x is y for x, y in zip(a.messages, grown.messages[:3], strict=True))

@@ -11,15 +11,12 @@ the replica and left one append-only history in the store.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from pathlib import Path
 
-import minisweagent
 import pytest
 import yaml
-from minisweagent.agents.default import DefaultAgent
-from minisweagent.environments.local import LocalEnvironment
-from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
 from gateway.config import DEFAULT_TENANT, GatewayConfig
 from gateway.transcript import Message
@@ -34,29 +31,41 @@ SESSION = "mini-swe-agent-e2e"
 TASK = "Print the name of the largest file in this directory."
 
 
-async def test_mini_swe_agent_steps_through_gateway(vllm_replicas: list[str], tmp_path: Path):
+async def test_mini_swe_agent_steps_through_gateway(
+    vllm_replicas: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Imported here, with its settings: no config written to ~/.config, no price list
+    # fetched from the network (litellm keeps a copy), nothing slow when the tests collect.
+    monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mini-swe-agent"))
+    monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    package = importlib.import_module("minisweagent")
+    agents = importlib.import_module("minisweagent.agents.default")
+    environments = importlib.import_module("minisweagent.environments.local")
+    models = importlib.import_module("minisweagent.models.litellm_textbased_model")
     config = yaml.safe_load(
-        (Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text()
+        (Path(package.__file__).parent / "config" / "mini_textbased.yaml").read_text()
     )
     agent_config = {k: v for k, v in config["agent"].items() if k != "mode"}  # mode: the CLI's
+    model_config = dict(config["model"])
+    model_config["model_kwargs"] = {
+        **model_config.get("model_kwargs", {}),
+        "temperature": 0,
+        "max_tokens": 16,  # the random model would write to the context limit
+        "extra_headers": {"x-session-id": SESSION},
+    }
     work = tmp_path / "work"
     work.mkdir()
     cfg = GatewayConfig(store_url=f"sqlite:///{tmp_path}/store.db", replicas=tuple(vllm_replicas))
     async with running_gateway(cfg) as gw:
-        model = LitellmTextbasedModel(
+        model_config["model_kwargs"] |= {"api_base": f"{gw}/v1", "api_key": "unused"}
+        model = models.LitellmTextbasedModel(
             model_name=f"hosted_vllm/{SERVED_NAME}",
-            model_kwargs={
-                "api_base": f"{gw}/v1",
-                "api_key": "unused",
-                "temperature": 0,
-                "max_tokens": 16,  # the random model would write to the context limit
-                "extra_headers": {"x-session-id": SESSION},
-            },
             cost_tracking="ignore_errors",  # a local model has no price
-            **config["model"],
+            **model_config,
         )
-        env = LocalEnvironment(cwd=str(work), **config["environment"])
-        agent = DefaultAgent(model, env, **{**agent_config, "step_limit": STEPS})
+        env = environments.LocalEnvironment(cwd=str(work), **config["environment"])
+        agent = agents.DefaultAgent(model, env, **{**agent_config, "step_limit": STEPS})
         # The gateway serves from this event loop; the agent's blocking calls run beside it.
         result = await asyncio.wait_for(asyncio.to_thread(agent.run, TASK), timeout=300)
     assert result["exit_status"] in ("LimitsExceeded", "RepeatedFormatError"), result
