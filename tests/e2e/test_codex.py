@@ -109,9 +109,11 @@ async def test_codex_exec_through_gateway(
         assert len(driven) == 1, f"sessions: {sessions}"
         session, history = next(iter(driven.items()))
         _, state = await store.get_state(DEFAULT_TENANT, session, 0)
+        replica = await store.get_assignment(DEFAULT_TENANT, session)
     # Codex's developer prompt leads; the thread id (prompt_cache_key) names the session.
     assert history[0].role == "system" and "Codex" in history[0].text
     assert session == next(e["thread_id"] for e in events if e.get("type") == "thread.started")
+    assert replica in vllm_replicas  # routed (sticky) like any other session
     totals = json.loads(state or b"{}")
     assert totals["requests"] >= 1 and totals["upstream_prompt_tokens"] > 1000
     record_figures(
