@@ -174,6 +174,8 @@ def _is_turn_item(item: Any) -> bool:
     if not isinstance(item, dict):
         return False
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        return False  # refused with its path when decoded
     return kind in _TURN_ITEMS or (kind == "message" and item.get("role") == "assistant")
 
 
@@ -247,8 +249,8 @@ def _turn_parts(item: dict[str, Any], path: str, issued: set[str]) -> list[Part]
 def _reasoning_texts(item: dict[str, Any], key: str, path: str) -> list[str]:
     texts = []
     for j, raw in enumerate(expect_list(item.get(key) or [], f"{path}.{key}")):
-        part = expect_object(raw, f"{path}.{key}[{j}]")
-        texts.append(expect_str(require(part, "text", f"{path}.{key}[{j}]"), "text"))
+        where = f"{path}.{key}[{j}]"
+        texts.append(expect_str(require(expect_object(raw, where), "text", where), f"{where}.text"))
     return texts
 
 

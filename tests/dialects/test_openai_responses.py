@@ -186,6 +186,12 @@ BAD = [
     ("input not a list", {"model": "m", "input": 5}, "input"),
     ("empty input", {"model": "m", "input": []}, "input"),
     ("unknown item type", {"model": "m", "input": [{"type": "mystery"}]}, "input[0].type"),
+    ("item type not a string", {"model": "m", "input": [{"type": ["x"]}]}, "input[0].type"),
+    (
+        "reasoning text missing",
+        {"model": "m", "input": [{"type": "reasoning", "summary": [{"type": "summary_text"}]}]},
+        "input[0].summary[0].text",
+    ),
     (
         "output without its call",
         {"model": "m", "input": [{"role": "user", "content": "x"}, output("nope")]},
