@@ -16,6 +16,7 @@ from gateway.dialects import anthropic_messages, openai_chat
 from gateway.dialects.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
+from gateway.dialects.openai_responses import OPENAI_RESPONSES
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
@@ -24,9 +25,13 @@ from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
-from tests.dialects.strategies import anthropic_bodies, openai_bodies
+from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
 
-FULL = {"openai": openai_chat.decode_request, "anthropic": anthropic_messages.decode_request}
+FULL = {
+    "openai": openai_chat.decode_request,
+    "anthropic": anthropic_messages.decode_request,
+    "responses": OPENAI_RESPONSES.decode,
+}
 
 
 def outcome(decode: Any, body: dict[str, Any]) -> Any:
@@ -64,15 +69,17 @@ def toggle_cache_control(value: Any, flip: list[bool]) -> Any:
 
 
 @st.composite
-def request_sequences(draw: st.DrawFn, bodies: st.SearchStrategy) -> list[dict[str, Any]]:
+def request_sequences(
+    draw: st.DrawFn, bodies: st.SearchStrategy, key: str = "messages"
+) -> list[dict[str, Any]]:
     """A session's requests: the first body, then growing, cut, edited, diverging or
-    re-marked versions of the one before."""
+    re-marked versions of the one before (``key``: the body's conversation field)."""
     first = draw(bodies)
     sequence = [first]
     for _ in range(draw(st.integers(1, 4))):
         body = copy.deepcopy(sequence[-1])
-        messages = body["messages"]
-        other = draw(bodies)["messages"]
+        messages = body[key]
+        other = draw(bodies)[key]
         edit = draw(st.sampled_from(["extend", "cut", "replace", "drop", "marks", "same"]))
         if edit == "extend":
             messages.extend(other)
@@ -84,7 +91,7 @@ def request_sequences(draw: st.DrawFn, bodies: st.SearchStrategy) -> list[dict[s
             del messages[draw(st.integers(0, len(messages) - 1))]
         elif edit == "marks":
             flips = draw(st.lists(st.booleans(), max_size=8))
-            body["messages"] = toggle_cache_control(messages, flips)
+            body[key] = toggle_cache_control(messages, flips)
         sequence.append(body)
     return sequence
 
@@ -93,13 +100,17 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "bodies"),
-    [(OPENAI, openai_bodies()), (ANTHROPIC, anthropic_bodies())],
-    ids=["openai", "anthropic"],
+    ("endpoint", "bodies", "key"),
+    [
+        (OPENAI, openai_bodies(), "messages"),
+        (ANTHROPIC, anthropic_bodies(), "messages"),
+        (OPENAI_RESPONSES, responses_bodies(), "input"),
+    ],
+    ids=["openai", "anthropic", "responses"],
 )
-def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any) -> None:
+def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any, key: str) -> None:
     @SETTINGS
-    @given(request_sequences(bodies))
+    @given(request_sequences(bodies, key))
     def check(sequence: list[dict[str, Any]]) -> None:
         cache = DecodeCache()
         for body in sequence:
