@@ -190,3 +190,31 @@ async def test_a_stream_that_fails_midway_ends_with_response_failed():
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
     assert kept == []  # a failed reply is not kept
+
+
+async def test_a_restore_is_answered_inside_the_gateway(gateway_with_fake, store_url):
+    """The restore loop runs for Responses clients too; they never see the restore call."""
+    script = [
+        ScriptedReply("", tool_calls=[("restore", '{"steps": "0"}')]),
+        ScriptedReply("PROGRESS: read it\nSTALE: -\nDone."),
+    ]
+    items = [
+        {"role": "user", "content": "fix the bug"},
+        {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "1\timport os\n"},
+    ]
+    async with gateway_with_fake(script) as (url, fake):
+        client = AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="unused",
+            # the paper's setting: the restore tool is offered from the first request
+            default_headers={"x-session-id": "restored", "x-foldgate-fold": "on"},
+        )
+        stream = await client.responses.create(model="m", input=items, tools=TOOLS, stream=True)
+        events = [event async for event in stream]
+        assert len(fake.requests) == 2  # the restore was answered, the model asked again
+        assert "restored step 0" in json.dumps(fake.requests[1]["messages"])
+    final = events[-1].response
+    assert final.status == "completed"
+    assert [item.type for item in final.output] == ["message"]  # no restore call shown
+    assert final.output_text.endswith("Done.")
