@@ -180,9 +180,7 @@ class Pipeline:
         """Ingest a decoded request (``decode``, or ``Decoded.full`` of a whole decode)."""
         transcript = request.transcript
         tenant = resolve_tenant(headers, self.config)
-        session = request.session or resolve_session(
-            headers, body, tenant, transcript, self.config
-        )
+        session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
         strategy = headers.get(self.config.strategy_header) or self.config.strategy
         fold = (
             headers.get(self.config.fold_header)
