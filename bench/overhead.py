@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
-from gateway.endpoints import OPENAI
+from gateway.dialects.openai_chat import OPENAI_CHAT
 from gateway.pipeline import Pipeline
 from gateway.serve_ray import fast_path_env
 from gateway.upstream import UpstreamClient
@@ -389,7 +389,7 @@ async def stage_times(
             body = orjson.loads(raw)
             t = lap("parse body", t)
             # As the app does: only what the session's previous request lacked is decoded.
-            decoded = pipeline.decode(OPENAI.codec, body, headers)
+            decoded = await pipeline.decode(OPENAI_CHAT, body, headers)
             t = lap("decode + raw token estimate", t)
             stored = await store.ingest("default", session, decoded.stored)
             t = lap("ingest (store)", t)

@@ -6,8 +6,9 @@ signatures at run time.
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import orjson
@@ -18,8 +19,9 @@ from starlette.background import BackgroundTask
 
 from gateway import metrics
 from gateway.config import GatewayConfig
+from gateway.dialects import DIALECTS
+from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
-from gateway.endpoints import ANTHROPIC, OPENAI, Endpoint
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from gateway.quotas import Lease, QuotaExceeded
@@ -32,6 +34,10 @@ from store import SessionTooLarge, StoreUnavailable, open_store
 log = logging.getLogger("foldgate")
 
 RETRY_AFTER_S = "2"
+# Request fields as a JSON object, for harnesses that can add headers but cannot set
+# sampling fields in the body (Codex: ``http_headers`` in its provider config). The body's
+# own fields win.
+PARAMS_HEADER = "x-foldgate-params"
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -70,17 +76,24 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="foldgate", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    async def handle(endpoint: Endpoint, request: Request) -> Response:
+    async def handle(dialect: Dialect, request: Request) -> Response:
         pipeline: Pipeline = state["pipeline"]
         strategy = request.headers.get(config.strategy_header) or config.strategy
         status = "error"
         lease: Lease | None = None
+
+        def error(err: DialectError, headers: Mapping[str, str] | None = None) -> Response:
+            return JSONResponse(dialect.error_body(err), status_code=err.status, headers=headers)
+
         try:
             # Who is asking, and whether the tenant may ask now, before the body is read.
             tenant = resolve_tenant(request.headers, config)
             lease = await pipeline.quotas.admit(tenant)
-            body = await _read_json(request, config.max_body_bytes, config.body_timeout_s)
-            decoded = pipeline.decode(endpoint.codec, body, request.headers)
+            body = _with_header_params(
+                await _read_json(request, config.max_body_bytes, config.body_timeout_s),
+                request.headers,
+            )
+            decoded = await pipeline.decode(dialect, body, request.headers)
             prepared = await pipeline.prepare(decoded, body, request.headers)
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
@@ -90,54 +103,58 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 "x-foldgate-prompt-tokens-raw": str(prepared.raw_tokens),
                 "x-foldgate-prompt-tokens-rendered": str(rendered_tokens),
             }
+            exchange = Exchange(body, remember=partial(pipeline.remember_reply, prepared))
             status = "ok"
             if prepared.stream:
                 # The slot comes back when the stream ends or is closed, or, for a client
                 # gone before the first frame (the stream never starts), after the response.
-                stream = _released(endpoint.stream(chunks), lease)
+                stream = _released(dialect.stream(chunks, exchange), lease)
                 release, lease = BackgroundTask(lease.release), None
                 return StreamingResponse(
                     stream, media_type="text/event-stream", headers=headers, background=release
                 )
-            return JSONResponse(await endpoint.response(chunks), headers=headers)
+            return JSONResponse(await dialect.response(chunks, exchange), headers=headers)
         except DialectError as exc:
-            return endpoint.error(exc)
+            return error(exc)
         except UnknownApiKey as exc:
-            return endpoint.error(DialectError(str(exc), status=401, kind="authentication_error"))
+            return error(DialectError(str(exc), status=401, kind="authentication_error"))
         except QuotaExceeded as exc:
-            return endpoint.error(
-                DialectError(str(exc), status=429, kind="rate_limit_error"),
+            return error(
+                DialectError(
+                    str(exc), status=429, kind="rate_limit_error", code="rate_limit_exceeded"
+                ),
                 headers={"retry-after": str(exc.retry_after_s)},
             )
         except SessionTooLarge as exc:
-            return endpoint.error(too_large(str(exc)))
+            return error(too_large(str(exc)))
         except StoreUnavailable as exc:
             log.warning("store unavailable: %s", exc)
-            return endpoint.error(
+            return error(
                 DialectError(
                     "session store unavailable, retry", status=503, kind="overloaded_error"
                 ),
                 headers={"retry-after": RETRY_AFTER_S},
             )
         except NoHealthyReplica as exc:
-            return endpoint.error(
+            return error(
                 DialectError(str(exc), status=503, kind="overloaded_error"),
                 headers={"retry-after": RETRY_AFTER_S},
             )
         except UpstreamError as exc:
-            return endpoint.upstream_error(exc)
+            return error(dialect.upstream_refusal(exc))
         finally:
             if lease is not None:
                 await lease.release()
-            metrics.REQUESTS.labels(endpoint.name, metrics.strategy_label(strategy), status).inc()
+            metrics.REQUESTS.labels(dialect.name, metrics.strategy_label(strategy), status).inc()
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await handle(OPENAI, request)
+    def route(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+        async def serve(request: Request) -> Response:
+            return await handle(dialect, request)
 
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await handle(ANTHROPIC, request)
+        return serve
+
+    for dialect in DIALECTS:
+        app.add_api_route(dialect.path, route(dialect), methods=["POST"], name=dialect.name)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -159,6 +176,20 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """``body`` with the fields of the params header it does not set itself."""
+    raw = headers.get(PARAMS_HEADER)
+    if raw is None:
+        return body
+    try:
+        params = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DialectError(f"not valid JSON: {exc}", param=PARAMS_HEADER) from exc
+    if not isinstance(params, dict):
+        raise DialectError("must be a JSON object", param=PARAMS_HEADER)
+    return {**params, **body}
 
 
 def _make_pool(config: GatewayConfig) -> ReplicaPool:

@@ -1,8 +1,8 @@
 """One request through the gateway: ingest -> render -> route -> forward -> restore loop -> account.
 
-The pipeline is dialect-neutral: an ``Endpoint`` (``gateway.endpoints``) decodes the
-client's body into a transcript and writes the upstream's OpenAI chunks back in the
-client's dialect. Every reply is read upstream as a stream of OpenAI chunks.
+The pipeline is dialect-neutral: a ``Dialect`` (``gateway.dialects``) decodes the client's
+body into a transcript and writes the upstream's OpenAI chunks back in the client's
+dialect. Every reply is read upstream as a stream of OpenAI chunks.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from gateway import accounting, metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
+from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_reply, encode_request
-from gateway.dialects.volatile import without_volatile
 from gateway.fold import make_renderer
 from gateway.fold.cliff import Cliff
 from gateway.fold.renderer import Renderer, RenderState, RenderStats, estimate_tokens
@@ -30,13 +32,13 @@ from gateway.fold.restore import parse_restore_spec, restore_outputs
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.quotas import Quotas
 from gateway.replies import Decision, ReplyFilter
-from gateway.request_cache import Codec, DecodeCache, Decoded, MessageMemo, session_ids
+from gateway.request_cache import DecodeCache, Decoded, MessageMemo, continued, session_ids
 from gateway.tenants import Tenants, salt_secret
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RoutingPolicy, with_failover
 from router.replica import Replica
-from store import StoreUnavailable
+from store import NotFound, StoreUnavailable
 
 log = logging.getLogger("foldgate")
 
@@ -173,31 +175,63 @@ class Pipeline:
         ]
         return sum(usages) / len(usages) if usages else 0.0
 
-    def decode(self, codec: Codec, body: Any, headers: Mapping[str, str]) -> Decoded:
+    async def decode(self, dialect: Dialect, body: Any, headers: Mapping[str, str]) -> Decoded:
         """A client's request body decoded (volatile markers dropped), for ``prepare``; only
-        what the session's previous request did not hold is decoded."""
+        what the session's previous request did not hold is decoded. A request that
+        continues a kept reply is decoded after the conversation the store kept for it."""
+        previous = dialect.continues(body) if isinstance(body, dict) else None
+        if previous is not None:
+            tenant = resolve_tenant(headers, self.config)
+            session, kept = await self._kept_conversation(tenant, previous)
+            return continued(dialect, body, session, kept)
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )
-        return self._decoded.decode(codec, body, ids)
+        return self._decoded.decode(dialect, body, ids)
+
+    async def remember_reply(
+        self, prepared: Prepared, reply_id: str, reply: Sequence[Message]
+    ) -> None:
+        """Keep ``reply`` (the messages the client would send back for it) under
+        ``reply_id``, with where its conversation lives, for requests that continue it."""
+        record = {
+            "session": prepared.session,
+            "branch": prepared.branch,
+            "length": len(prepared.transcript.messages),
+            "reply": [m.to_dict() for m in reply],
+        }
+        await self.store.put_reply(prepared.tenant, reply_id, orjson.dumps(record))
+
+    async def _kept_conversation(self, tenant: str, reply_id: str) -> tuple[str, list[Message]]:
+        """The session of a kept reply and its conversation up to and including the reply."""
+        data = await self.store.get_reply(tenant, reply_id)
+        if data is None:
+            raise DialectError(
+                f"no kept response {reply_id!r} (never stored, created with store=false, "
+                "or expired)",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        record = orjson.loads(data)
+        try:
+            history = await self.store.load(tenant, record["session"], record["branch"])
+        except NotFound as exc:
+            raise DialectError(
+                f"the conversation of response {reply_id!r} has expired",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            ) from exc
+        kept = [Message.from_dict(m) for m in history.messages[: record["length"]]]
+        kept += [Message.from_dict(m) for m in record["reply"]]
+        return record["session"], kept
 
     async def prepare(
-        self,
-        request: Transcript | Decoded,
-        body: Mapping[str, Any],
-        headers: Mapping[str, str],
+        self, request: Decoded, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> Prepared:
-        """Ingest a decoded request: a transcript as a dialect decodes it, or what ``decode``
-        made of it (volatile markers already dropped)."""
-        if isinstance(request, Transcript):
-            # Markers such as cache_control move from turn to turn and mean nothing upstream;
-            # kept, they would make an unchanged message look edited (a fork per request).
-            request = Decoded.full(
-                request.with_messages(without_volatile(m) for m in request.messages)
-            )
+        """Ingest a decoded request (``decode``, or ``Decoded.full`` of a whole decode)."""
         transcript = request.transcript
         tenant = resolve_tenant(headers, self.config)
-        session = resolve_session(headers, body, tenant, transcript, self.config)
+        session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
         settings = self.tenants.settings(tenant)
         strategy = (
             headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.dialects.responses import ChunkAccumulator
+from gateway.dialects.chunks import ChunkAccumulator
 from gateway.fold.restore import RESTORE_TOOL_NAME
 
 _FENCE = "```"

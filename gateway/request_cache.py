@@ -17,12 +17,13 @@ the token estimates and upstream encoding of the rendered messages by object ide
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
+from gateway.dialects.base import Dialect
 from gateway.dialects.openai_chat import encode_message
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
@@ -31,15 +32,6 @@ from gateway.transcript import Message, Transcript
 DECODE_CACHE_SESSIONS = 256
 # The first raw messages (system prompt, task) name a conversation when no id is sent.
 _KEY_MESSAGES = 2
-
-
-@dataclass(frozen=True)
-class Codec:
-    """A client dialect's request decoder, split so that messages decode one at a time."""
-
-    name: str
-    envelope: Callable[[Any], tuple[Transcript, list[Any]]]
-    item: Callable[[Any, int, set[str]], tuple[Message, ...]]
 
 
 class MessageMemo:
@@ -98,13 +90,22 @@ class Decoded:
     stored: list[dict[str, Any]]
     tokens: int
     memo: MessageMemo
+    session: str | None = None
+    """The session, when the request names it by continuing a kept reply."""
 
     @classmethod
-    def full(cls, transcript: Transcript, memo: MessageMemo | None = None) -> Decoded:
-        """Computed from scratch for ``transcript`` (whose markers are already dropped)."""
-        messages = transcript.messages
+    def full(
+        cls, transcript: Transcript, memo: MessageMemo | None = None, session: str | None = None
+    ) -> Decoded:
+        """Computed from scratch for ``transcript``, markers such as ``cache_control`` dropped:
+        they move from turn to turn and mean nothing upstream; kept, they would make an
+        unchanged message look edited (a fork per request)."""
+        messages = tuple(without_volatile(m) for m in transcript.messages)
         tokens = sum(estimate_tokens(m) for m in messages)
-        return cls(transcript, [m.to_dict() for m in messages], tokens, memo or MessageMemo())
+        stored = [m.to_dict() for m in messages]
+        return cls(
+            transcript.with_messages(messages), stored, tokens, memo or MessageMemo(), session
+        )
 
 
 @dataclass(slots=True)
@@ -129,23 +130,23 @@ class DecodeCache:
         self._max = max_sessions
         self._sessions: OrderedDict[Hashable, _Previous] = OrderedDict()
 
-    def decode(self, codec: Codec, body: Any, ids: Sequence[Any] = ()) -> Decoded:
-        """``body`` decoded as ``codec``'s full decode with ``without_volatile`` on each
-        message would decode it, using what the session's previous request decoded.
+    def decode(self, dialect: Dialect, body: Any, ids: Sequence[Any] = ()) -> Decoded:
+        """``body`` decoded as ``dialect.decode`` with ``without_volatile`` on each message
+        would decode it, using what the session's previous request decoded.
 
         ``ids``: what the request says about its session (header, body fields); the first
         raw messages complete the key. A wrong guess only costs a full decode. The cache
         keeps ``body``'s message dicts: callers must not edit them afterwards.
         """
-        envelope, raw = codec.envelope(body)
-        key = (codec.name, *ids, _digest(raw[:_KEY_MESSAGES]))
+        envelope, raw = dialect.decode_envelope(body)
+        key = (dialect.name, *ids, _digest(raw[:_KEY_MESSAGES]))
         previous = self._sessions.get(key)
         memo = previous.memo if previous is not None else MessageMemo()
-        lead = Transcript(tuple(without_volatile(m) for m in envelope.messages))
-        if previous is not None and lead.messages == previous.head.transcript.messages:
+        lead = tuple(without_volatile(m) for m in envelope.messages)
+        if previous is not None and lead == previous.head.transcript.messages:
             head = previous.head  # the same objects: identity checks downstream
         else:
-            head = Decoded.full(lead, memo)
+            head = Decoded.full(Transcript(lead), memo)
         same = 0
         if previous is not None:
             for new, old in zip(raw, previous.raw, strict=False):
@@ -163,7 +164,7 @@ class DecodeCache:
             ends, running, messages, stored, issued = [], [], [], [], set()
         total = running[-1] if running else 0
         for index in range(same, len(raw)):
-            for m in codec.item(raw[index], index, issued):
+            for m in dialect.decode_item(raw[index], index, issued):
                 m = without_volatile(m)
                 messages.append(m)
                 stored.append(m.to_dict())
@@ -181,18 +182,24 @@ class DecodeCache:
 
 def _digest(raw: list[Any]) -> str:
     """The roles and texts of the first raw messages: markers such as ``cache_control``
-    move between requests and must not change a session's key."""
+    move between requests and must not change a session's key. A unit that groups several
+    items (``{"items": [...]}``, Responses) counts by its items."""
     h = xxhash.xxh3_64()
-    for message in raw:
-        if not isinstance(message, dict):
-            continue
+    for unit in raw:
+        grouped = unit.get("items") if isinstance(unit, dict) else None
+        for message in grouped if isinstance(grouped, list) else [unit]:
+            _digest_message(h, message)
+    return h.hexdigest()
+
+
+def _digest_message(h: xxhash.xxh3_64, message: Any) -> None:
+    if isinstance(message, dict):
         h.update(f"\0{message.get('role')}\0".encode("utf-8", "surrogatepass"))
         content = message.get("content")
         blocks = content if isinstance(content, list) else [{"text": content}]
         for block in blocks:
             if isinstance(block, dict) and isinstance(block.get("text"), str):
                 h.update(block["text"].encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
 
 
 def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str) -> list[Any]:
@@ -200,3 +207,20 @@ def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str
     # The fields ``identity.resolve_session`` reads (Claude Code's session is in metadata).
     fields = ("prompt_cache_key", "user", "metadata")
     return [headers.get(header), *(repr(body.get(k)) for k in fields)]
+
+
+def continued(dialect: Dialect, body: Any, session: str, kept: Sequence[Message]) -> Decoded:
+    """A request that sends only new items after a kept conversation (``kept``: its
+    messages up to and including the reply it continues), decoded whole.
+
+    The request's own leading messages (instructions) take the place of the kept ones when
+    it has any; without, the kept ones stay, so that the history only grows.
+    """
+    envelope, raw = dialect.decode_envelope(body)
+    issued = {c.id for m in kept for c in m.tool_calls}
+    new = [m for index, item in enumerate(raw) for m in dialect.decode_item(item, index, issued)]
+    lead = 0
+    while lead < len(kept) and kept[lead].role == "system":
+        lead += 1
+    head = envelope.messages or tuple(kept[:lead])
+    return Decoded.full(envelope.with_messages((*head, *kept[lead:], *new)), session=session)

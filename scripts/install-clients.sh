@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Install the real agent CLIs the e2e tests drive into .foldgate/clients (project-local, no
-# global npm state). Idempotent: does nothing when the pinned version is already there.
+# global npm state): Claude Code (Anthropic Messages) and Codex (OpenAI Responses).
+# Idempotent: does nothing when the pinned versions are already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLAUDE_CODE_VERSION="2.1.328"
+CODEX_VERSION="0.169.0"
 PREFIX=".foldgate/clients"
-BIN="$PREFIX/node_modules/.bin/claude"
-if [ -x "$BIN" ] && [ "$("$BIN" --version 2>/dev/null)" = "$CLAUDE_CODE_VERSION (Claude Code)" ]; then
+CLAUDE="$PREFIX/node_modules/.bin/claude"
+CODEX="$PREFIX/node_modules/.bin/codex"
+if [ -x "$CLAUDE" ] && [ "$("$CLAUDE" --version 2>/dev/null)" = "$CLAUDE_CODE_VERSION (Claude Code)" ] \
+  && [ -x "$CODEX" ] && [ "$("$CODEX" --version 2>/dev/null)" = "codex-cli $CODEX_VERSION" ]; then
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then
@@ -15,5 +19,6 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 mkdir -p "$PREFIX"
 npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error \
-  "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"
-"$BIN" --version
+  "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION"
+"$CLAUDE" --version
+"$CODEX" --version

@@ -419,6 +419,15 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
+    async def put_reply(self, tenant: str, reply_id: str, data: bytes) -> None:
+        """Keep a finished reply's record under its id, for the store's TTL (the Responses
+        API's stored responses, which later requests continue from)."""
+
+    @abstractmethod
+    async def get_reply(self, tenant: str, reply_id: str) -> bytes | None:
+        """The record ``put_reply`` kept, or None (never kept, expired, other tenant)."""
+
+    @abstractmethod
     async def list_sessions(self, tenant: str) -> list[str]:
         """The tenant's live sessions, least recently used first."""
 

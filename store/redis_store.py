@@ -378,6 +378,22 @@ class RedisStore(SessionStore):
             value = await self._set_assignment(keys=[key], args=args)
         return value.decode()
 
+    # -- kept replies ------------------------------------------------------------------
+    def _reply_key(self, tenant: str, reply_id: str) -> str:
+        t, r = _esc(check_id("tenant", tenant)), _esc(check_id("reply", reply_id))
+        return f"{self._ns}:{{t:{t}}}:reply:{r}"
+
+    async def put_reply(self, tenant: str, reply_id: str, data: bytes) -> None:
+        key = self._reply_key(tenant, reply_id)
+        async with self._guard():
+            await self._redis.set(key, data, px=self._ttl_ms)
+
+    async def get_reply(self, tenant: str, reply_id: str) -> bytes | None:
+        key = self._reply_key(tenant, reply_id)
+        async with self._guard():
+            value: bytes | None = await self._redis.get(key)
+        return value
+
     # -- sessions ----------------------------------------------------------------------
     async def list_sessions(self, tenant: str) -> list[str]:
         index = self._index_key(tenant)

@@ -78,6 +78,8 @@ CREATE TABLE IF NOT EXISTS quota_counters (
 CREATE TABLE IF NOT EXISTS assignments (
   tenant TEXT, session TEXT, replica TEXT, expires REAL,
   PRIMARY KEY (tenant, session)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replies (
+  tenant TEXT, id TEXT, data BLOB, expires REAL, PRIMARY KEY (tenant, id));
 """
 # messages and blobs are large rows: rowid tables keep them out of the key b-tree
 # (WITHOUT ROWID tables with rows near the page size waste most of each page)
@@ -549,6 +551,34 @@ class SQLiteStore(SessionStore):
             return replica
 
         return await self._run(cas, write=True)
+
+    # -- kept replies ------------------------------------------------------------------
+    async def put_reply(self, tenant: str, reply_id: str, data: bytes) -> None:
+        check_id("tenant", tenant)
+        check_id("reply", reply_id)
+
+        def put(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.execute("DELETE FROM replies WHERE expires<=?", (now,))
+            conn.execute(
+                "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)",
+                (tenant, reply_id, data, now + self.ttl_s),
+            )
+
+        await self._run(put, write=True)
+
+    async def get_reply(self, tenant: str, reply_id: str) -> bytes | None:
+        check_id("tenant", tenant)
+        check_id("reply", reply_id)
+
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute(
+                "SELECT data FROM replies WHERE tenant=? AND id=? AND expires>?",
+                (tenant, reply_id, time.time()),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._run(read)
 
     # -- sessions ----------------------------------------------------------------------
     async def list_sessions(self, tenant: str) -> list[str]:

@@ -29,17 +29,26 @@ unsigned thinking (which Anthropic refuses) are left out, tools and parameters c
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gateway.dialects.convert import params_to_anthropic, part_to_anthropic, to_anthropic_tools
-from gateway.dialects.errors import DialectError
+from gateway.dialects.anthropic_replies import AnthropicStreamTranslator, to_anthropic_response
+from gateway.dialects.base import Chunks, Dialect, Exchange
+from gateway.dialects.chunks import ChunkAccumulator, format_sse
+from gateway.dialects.convert import (
+    params_to_anthropic,
+    part_to_anthropic,
+    to_anthropic_tools,
+    tool_input,
+)
+from gateway.dialects.errors import DialectError, anthropic_error_body
 from gateway.dialects.fields import (
     ANTHROPIC,
     DIALECT_PARAM,
     OPENAI,
-    Dialect,
+    DialectName,
+    answered_call,
     check_request_body,
     expect_bool,
     expect_list,
@@ -51,6 +60,7 @@ from gateway.dialects.fields import (
     require,
 )
 from gateway.transcript import Message, Opaque, Part, Text, Thinking, ToolCall, Transcript
+from gateway.upstream import UpstreamError
 
 _ASSISTANT_ONLY = frozenset({"thinking", "redacted_thinking", "tool_use"})
 _ABSENT = object()
@@ -58,10 +68,7 @@ _ABSENT = object()
 
 def decode_request(body: Any) -> Transcript:
     """Parse a Messages request body; raises DialectError naming the bad field."""
-    envelope, messages = decode_envelope(body)
-    issued: set[str] = set()
-    decoded = [m for i, raw in enumerate(messages) for m in decode_item(raw, i, issued)]
-    return envelope.with_messages((*envelope.messages, *decoded))
+    return ANTHROPIC_MESSAGES.decode(body)
 
 
 def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
@@ -163,12 +170,7 @@ def _decode_message(
 
 
 def _decode_tool_result(block: Mapping[str, Any], path: str, issued: set[str]) -> Message:
-    call_id = expect_str(require(block, "tool_use_id", path), f"{path}.tool_use_id")
-    if call_id not in issued:
-        raise DialectError(
-            f"tool_use_id {call_id!r} does not answer any earlier assistant tool_use",
-            param=f"{path}.tool_use_id",
-        )
+    call_id = answered_call(block, "tool_use_id", path, issued, "assistant tool_use")
     is_error = expect_bool(block["is_error"], f"{path}.is_error") if "is_error" in block else False
     parts: list[Part] = []
     form = "absent"
@@ -249,7 +251,7 @@ def _form_hint(form: str, parts: Sequence[Part]) -> str | None:
 def encode_request(t: Transcript) -> dict[str, Any]:
     """A Messages body; parameters and tools from another dialect are converted."""
     params = dict(t.params)
-    source: Dialect = params.pop(DIALECT_PARAM, ANTHROPIC)
+    source: DialectName = params.pop(DIALECT_PARAM, ANTHROPIC)
     if source == OPENAI:
         params = params_to_anthropic(params)
     lead = 0
@@ -268,7 +270,7 @@ def encode_request(t: Transcript) -> dict[str, Any]:
     return body
 
 
-def _encode_system(messages: Sequence[Message], source: Dialect) -> Any:
+def _encode_system(messages: Sequence[Message], source: DialectName) -> Any:
     if len(messages) == 1:
         m = messages[0]
         return _encode_content(m.parts, hints(m.meta, ANTHROPIC).get("content"), source)
@@ -276,7 +278,7 @@ def _encode_system(messages: Sequence[Message], source: Dialect) -> Any:
 
 
 def encode_messages(
-    messages: Sequence[Message], *, source: Dialect = ANTHROPIC
+    messages: Sequence[Message], *, source: DialectName = ANTHROPIC
 ) -> list[dict[str, Any]]:
     """Neutral messages (no leading system prompt) as Messages API messages.
 
@@ -319,7 +321,7 @@ def encode_messages(
 
 
 def _encode_group(
-    results: Sequence[Message], user: Message | None, h: Mapping[str, Any], source: Dialect
+    results: Sequence[Message], user: Message | None, h: Mapping[str, Any], source: DialectName
 ) -> dict[str, Any]:
     encoded = [_encode_tool_result(m, source) for m in results]
     others = _encode_blocks(user.parts, source) if user is not None else []
@@ -332,7 +334,7 @@ def _encode_group(
     return {**h.get("message_fields", {}), "role": "user", "content": blocks}
 
 
-def _encode_tool_result(m: Message, source: Dialect) -> dict[str, Any]:
+def _encode_tool_result(m: Message, source: DialectName) -> dict[str, Any]:
     h = hints(m.meta, ANTHROPIC)
     block: dict[str, Any] = {
         **h.get("fields", {}),
@@ -347,7 +349,7 @@ def _encode_tool_result(m: Message, source: Dialect) -> dict[str, Any]:
     return block
 
 
-def _encode_content(parts: Sequence[Part], form: str | None, source: Dialect) -> Any:
+def _encode_content(parts: Sequence[Part], form: str | None, source: DialectName) -> Any:
     # A hint only applies while it still fits the parts (a renderer may have changed them).
     if form == "absent" and not parts:
         return _ABSENT
@@ -364,7 +366,7 @@ def _encode_content(parts: Sequence[Part], form: str | None, source: Dialect) ->
     return _encode_blocks(parts, source)
 
 
-def _encode_blocks(parts: Iterable[Part], source: Dialect) -> list[dict[str, Any]]:
+def _encode_blocks(parts: Iterable[Part], source: DialectName) -> list[dict[str, Any]]:
     native = source == ANTHROPIC
     blocks: list[dict[str, Any]] = []
     for part in parts:
@@ -396,10 +398,39 @@ def _encode_blocks(parts: Iterable[Part], source: Dialect) -> list[dict[str, Any
     return blocks
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
-    """``tool_use.input`` must be an object; arguments that are not one are kept as text."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        value = None
-    return value if isinstance(value, dict) else {"_raw_arguments": arguments}
+class AnthropicMessages(Dialect):
+    """Anthropic Messages (``POST /v1/messages``): chunks become Messages events."""
+
+    name = ANTHROPIC
+    path = "/v1/messages"
+
+    def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:
+        return decode_envelope(body)
+
+    def decode_item(self, raw: Any, index: int, issued: set[str]) -> tuple[Message, ...]:
+        return decode_item(raw, index, issued)
+
+    async def stream(self, chunks: Chunks, exchange: Exchange) -> AsyncIterator[bytes]:
+        translator = AnthropicStreamTranslator()
+        try:
+            async for chunk in chunks:
+                for event, data in translator.feed(chunk):
+                    yield format_sse(event, data)
+        except UpstreamError as exc:
+            err = DialectError(f"upstream failed mid-stream: {exc}", status=502, kind="api_error")
+            yield format_sse("error", self.error_body(err))
+            return
+        for event, data in translator.finish():
+            yield format_sse(event, data)
+
+    async def response(self, chunks: Chunks, exchange: Exchange) -> dict[str, Any]:
+        acc = ChunkAccumulator()
+        async for chunk in chunks:
+            acc.feed(chunk)
+        return to_anthropic_response(acc.completion())
+
+    def error_body(self, err: DialectError) -> dict[str, Any]:
+        return anthropic_error_body(err)
+
+
+ANTHROPIC_MESSAGES = AnthropicMessages()

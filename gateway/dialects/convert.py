@@ -7,10 +7,11 @@ Used by the encoders when a transcript decoded from one dialect is written in th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.dialects.fields import ANTHROPIC, OPENAI, Dialect
+from gateway.dialects.fields import ANTHROPIC, OPENAI, DialectName
 
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
@@ -41,7 +42,7 @@ _ANTHROPIC_PARAMS = frozenset(
 )
 
 
-def tool_dialect(tool: Mapping[str, Any]) -> Dialect:
+def tool_dialect(tool: Mapping[str, Any]) -> DialectName:
     """Which dialect a tool schema is written in, by its shape.
 
     OpenAI wraps the schema: ``{"type": "function", "function": {...}}`` (or ``custom``);
@@ -139,7 +140,7 @@ def params_to_anthropic(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _placeholder(kind: str, dialect: Dialect) -> dict[str, Any]:
+def _placeholder(kind: str, dialect: DialectName) -> dict[str, Any]:
     return {"type": "text", "text": f"[{kind} content omitted: not supported by {dialect}]"}
 
 
@@ -175,3 +176,12 @@ def part_to_anthropic(data: Mapping[str, Any]) -> dict[str, Any]:
             source = {"type": "url", "url": url}
         return {"type": "image", "source": source}
     return _placeholder(str(kind), ANTHROPIC)
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """``tool_use.input`` must be an object; arguments that are not one are kept as text."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"_raw_arguments": arguments}

@@ -9,7 +9,8 @@ class DialectError(Exception):
     """A request body that does not parse in its dialect.
 
     ``param`` is the JSON path of the offending field (``messages[3].role``), so a client can
-    find the problem; ``status`` is the HTTP status the gateway should answer with.
+    find the problem; ``status`` is the HTTP status the gateway should answer with; ``code``
+    the machine-readable code OpenAI clients act on (``context_length_exceeded``).
     """
 
     def __init__(
@@ -19,12 +20,14 @@ class DialectError(Exception):
         param: str | None = None,
         status: int = 400,
         kind: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(f"{param}: {message}" if param else message)
         self.message = message
         self.param = param
         self.status = status
         self.kind = kind
+        self.code = code
 
 
 def too_large(message: str, *, param: str | None = None) -> DialectError:
@@ -39,7 +42,7 @@ def openai_error_body(err: DialectError) -> dict[str, Any]:
             "message": str(err),
             "type": err.kind,
             "param": err.param,
-            "code": None,
+            "code": err.code,
         }
     }
 

@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from gateway.dialects.errors import DialectError
 
-Dialect = Literal["openai", "anthropic"]
-OPENAI: Dialect = "openai"
-ANTHROPIC: Dialect = "anthropic"
+DialectName = Literal["openai", "anthropic", "responses"]
+OPENAI: DialectName = "openai"
+ANTHROPIC: DialectName = "anthropic"
+RESPONSES: DialectName = "responses"
 
 # The dialect a Transcript's ``params`` are written in: set by the decoders, removed by the
 # encoders, so that encoding into the other dialect knows to convert them.
@@ -60,6 +61,20 @@ def require(obj: Mapping[str, Any], key: str, path: str) -> Any:
     return obj[key]
 
 
+def answered_call(
+    obj: Mapping[str, Any], key: str, path: str, issued: set[str] | None, calls: str
+) -> str:
+    """The call id a tool result names under ``key``; with ``issued`` (the call ids made
+    before it), one that answers no call is refused: the result would have nothing to
+    pair with when rendered."""
+    call_id = expect_str(require(obj, key, path), path_join(path, key))
+    if issued is not None and call_id not in issued:
+        raise DialectError(
+            f"{key} {call_id!r} does not answer any earlier {calls}", param=path_join(path, key)
+        )
+    return call_id
+
+
 def path_join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -73,13 +88,13 @@ def check_request_body(body: Any) -> dict[str, Any]:
     return body
 
 
-def hints(meta: Mapping[str, Any], dialect: Dialect) -> Mapping[str, Any]:
+def hints(meta: Mapping[str, Any], dialect: DialectName) -> Mapping[str, Any]:
     """This dialect's hints in ``meta`` (empty when the object came from elsewhere)."""
     found = meta.get(dialect)
     return found if isinstance(found, Mapping) else {}
 
 
-def make_meta(dialect: Dialect, **values: Any) -> dict[str, Any]:
+def make_meta(dialect: DialectName, **values: Any) -> dict[str, Any]:
     """A ``meta`` dict holding the given hints, leaving out the ones that are None/empty."""
     kept = {k: v for k, v in values.items() if v is not None and v != {}}
     return {dialect: kept} if kept else {}

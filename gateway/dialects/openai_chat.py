@@ -18,15 +18,18 @@ in ``reasoning`` (the field vLLM reads), images as ``image_url`` parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gateway.dialects.base import Chunks, Dialect, Exchange
+from gateway.dialects.chunks import ChunkAccumulator, format_sse
 from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
-from gateway.dialects.errors import DialectError
+from gateway.dialects.errors import DialectError, openai_error_body
 from gateway.dialects.fields import (
     ANTHROPIC,
     DIALECT_PARAM,
     OPENAI,
+    answered_call,
     check_request_body,
     expect_list,
     expect_object,
@@ -37,6 +40,7 @@ from gateway.dialects.fields import (
     require,
 )
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
+from gateway.upstream import UpstreamError
 
 _ROLES: Mapping[str, Role] = {
     "system": "system",
@@ -55,10 +59,7 @@ ContentPart = Text | Opaque
 
 def decode_request(body: Any) -> Transcript:
     """Parse a Chat Completions request body; raises DialectError naming the bad field."""
-    envelope, messages = decode_envelope(body)
-    issued: set[str] = set()
-    decoded = [m for i, raw in enumerate(messages) for m in decode_item(raw, i, issued)]
-    return envelope.with_messages(decoded)
+    return OPENAI_CHAT.decode(body)
 
 
 def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
@@ -124,12 +125,7 @@ def decode_message(raw: Any, path: str = "message", issued: set[str] | None = No
     call_id = None
     if role == "tool":
         known.add("tool_call_id")
-        call_id = expect_str(require(msg, "tool_call_id", path), f"{path}.tool_call_id")
-        if issued is not None and call_id not in issued:
-            raise DialectError(
-                f"tool_call_id {call_id!r} does not answer any earlier assistant tool call",
-                param=f"{path}.tool_call_id",
-            )
+        call_id = answered_call(msg, "tool_call_id", path, issued, "assistant tool call")
     meta = make_meta(
         OPENAI,
         role="developer" if role_name == "developer" else None,
@@ -316,3 +312,39 @@ def _encode_tool_call(call: ToolCall) -> dict[str, Any]:
         "arguments": call.arguments,
     }
     return out
+
+
+class OpenAIChat(Dialect):
+    """OpenAI Chat Completions (``POST /v1/chat/completions``): the upstream's own chunks
+    pass through as they are."""
+
+    name = OPENAI
+    path = "/v1/chat/completions"
+
+    def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:
+        return decode_envelope(body)
+
+    def decode_item(self, raw: Any, index: int, issued: set[str]) -> tuple[Message, ...]:
+        return decode_item(raw, index, issued)
+
+    async def stream(self, chunks: Chunks, exchange: Exchange) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield format_sse(None, chunk)
+        except UpstreamError as exc:
+            err = DialectError(f"upstream failed mid-stream: {exc}", status=502, kind="api_error")
+            yield format_sse(None, self.error_body(err))
+            return
+        yield format_sse(None, "[DONE]")
+
+    async def response(self, chunks: Chunks, exchange: Exchange) -> dict[str, Any]:
+        acc = ChunkAccumulator()
+        async for chunk in chunks:
+            acc.feed(chunk)
+        return acc.completion()
+
+    def error_body(self, err: DialectError) -> dict[str, Any]:
+        return openai_error_body(err)
+
+
+OPENAI_CHAT = OpenAIChat()

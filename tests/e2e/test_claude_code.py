@@ -11,23 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from deploy.cpu.replicas import ROOT
 from gateway.config import DEFAULT_TENANT, GatewayConfig
 from gateway.transcript import Message
-from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.conftest import SERVED_NAME, npm_client
 from tests.e2e.trajectory_fixture import record_figures
 from tests.gateway.conftest import running_gateway, store_at
 
 pytestmark = pytest.mark.e2e
 
 VERSION = "2.1.328"
-INSTALLER = ROOT / "scripts" / "install-clients.sh"
-CLAUDE = ROOT / ".foldgate" / "clients" / "node_modules" / ".bin" / "claude"
 PROMPT = "list the files here"
 # The random model never ends a turn by itself: it would write up to the context limit at
 # ~50 tokens/s, and Claude Code reports a max_tokens stop as an error. Greedy, it writes
@@ -38,23 +34,7 @@ EXTRA_BODY = {"temperature": 0, "stop_sequences": ["\n"]}
 
 @pytest.fixture(scope="module")
 def claude_bin() -> Path:
-    """The pinned CLI; installs it with scripts/install-clients.sh when missing. CI installs
-    it, so a failed install fails the test instead of skipping it."""
-    if not CLAUDE.exists():
-        run = subprocess.run(
-            ["bash", str(INSTALLER)], capture_output=True, text=True, timeout=900, check=False
-        )
-        if run.returncode != 0 or not CLAUDE.exists():
-            pytest.fail(
-                f"Claude Code {VERSION} is not installed and {INSTALLER.name} failed "
-                f"(needs npm and the npm registry):\n{run.stdout[-2000:]}{run.stderr[-2000:]}",
-                pytrace=False,
-            )
-    version = subprocess.run(
-        [str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert version.stdout.startswith(f"{VERSION} "), version.stdout + version.stderr
-    return CLAUDE
+    return npm_client("claude", f"{VERSION} (Claude Code)")
 
 
 def claude_env(gateway: str, home: Path) -> dict[str, str]:

@@ -13,19 +13,25 @@ from hypothesis import strategies as st
 
 from gateway.config import GatewayConfig
 from gateway.dialects import anthropic_messages, openai_chat
+from gateway.dialects.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC
 from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
+from gateway.dialects.openai_responses import OPENAI_RESPONSES
 from gateway.dialects.volatile import without_volatile
-from gateway.endpoints import ANTHROPIC, OPENAI
 from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
-from gateway.request_cache import DecodeCache, MessageMemo, session_ids
+from gateway.request_cache import DecodeCache, Decoded, MessageMemo, session_ids
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
-from tests.dialects.strategies import anthropic_bodies, openai_bodies
+from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
 
-FULL = {"openai": openai_chat.decode_request, "anthropic": anthropic_messages.decode_request}
+FULL = {
+    "openai": openai_chat.decode_request,
+    "anthropic": anthropic_messages.decode_request,
+    "responses": OPENAI_RESPONSES.decode,
+}
 
 
 def outcome(decode: Any, body: dict[str, Any]) -> Any:
@@ -45,8 +51,8 @@ def full_decode(name: str, body: dict[str, Any]) -> Any:
     return t
 
 
-def cached_decode(cache: DecodeCache, codec: Any, body: dict[str, Any]) -> Any:
-    decoded = cache.decode(codec, body)
+def cached_decode(cache: DecodeCache, dialect: Any, body: dict[str, Any]) -> Any:
+    decoded = cache.decode(dialect, body)
     return decoded.transcript, decoded.stored, decoded.tokens
 
 
@@ -63,15 +69,17 @@ def toggle_cache_control(value: Any, flip: list[bool]) -> Any:
 
 
 @st.composite
-def request_sequences(draw: st.DrawFn, bodies: st.SearchStrategy) -> list[dict[str, Any]]:
+def request_sequences(
+    draw: st.DrawFn, bodies: st.SearchStrategy, key: str = "messages"
+) -> list[dict[str, Any]]:
     """A session's requests: the first body, then growing, cut, edited, diverging or
-    re-marked versions of the one before."""
+    re-marked versions of the one before (``key``: the body's conversation field)."""
     first = draw(bodies)
     sequence = [first]
     for _ in range(draw(st.integers(1, 4))):
         body = copy.deepcopy(sequence[-1])
-        messages = body["messages"]
-        other = draw(bodies)["messages"]
+        messages = body[key]
+        other = draw(bodies)[key]
         edit = draw(st.sampled_from(["extend", "cut", "replace", "drop", "marks", "same"]))
         if edit == "extend":
             messages.extend(other)
@@ -83,7 +91,7 @@ def request_sequences(draw: st.DrawFn, bodies: st.SearchStrategy) -> list[dict[s
             del messages[draw(st.integers(0, len(messages) - 1))]
         elif edit == "marks":
             flips = draw(st.lists(st.booleans(), max_size=8))
-            body["messages"] = toggle_cache_control(messages, flips)
+            body[key] = toggle_cache_control(messages, flips)
         sequence.append(body)
     return sequence
 
@@ -92,18 +100,22 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "bodies"),
-    [(OPENAI, openai_bodies()), (ANTHROPIC, anthropic_bodies())],
-    ids=["openai", "anthropic"],
+    ("endpoint", "bodies", "key"),
+    [
+        (OPENAI, openai_bodies(), "messages"),
+        (ANTHROPIC, anthropic_bodies(), "messages"),
+        (OPENAI_RESPONSES, responses_bodies(), "input"),
+    ],
+    ids=["openai", "anthropic", "responses"],
 )
-def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any) -> None:
+def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any, key: str) -> None:
     @SETTINGS
-    @given(request_sequences(bodies))
+    @given(request_sequences(bodies, key))
     def check(sequence: list[dict[str, Any]]) -> None:
         cache = DecodeCache()
         for body in sequence:
             expected = full_decode(endpoint.name, body)
-            got = outcome(lambda b: cached_decode(cache, endpoint.codec, b), copy.deepcopy(body))
+            got = outcome(lambda b: cached_decode(cache, endpoint, b), copy.deepcopy(body))
             assert got == expected
 
     check()
@@ -132,9 +144,9 @@ HISTORY = [
 
 def test_the_unchanged_prefix_reuses_the_decoded_messages() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
     grown = chat([*copy.deepcopy(HISTORY), call("c2"), result("c2")])
-    second = cache.decode(OPENAI.codec, grown).transcript
+    second = cache.decode(OPENAI, grown).transcript
     assert all(a is b for a, b in zip(first.messages, second.messages[:4], strict=True))
     assert second.messages[5].tool_call_id == "c2"
 
@@ -151,8 +163,8 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
         return {"model": "m", "max_tokens": 8, "system": [block("sys", 0)], "messages": turns}
 
     cache = DecodeCache()
-    first = cache.decode(ANTHROPIC.codec, body(0))
-    second = cache.decode(ANTHROPIC.codec, body(2))
+    first = cache.decode(ANTHROPIC, body(0))
+    second = cache.decode(ANTHROPIC, body(2))
     assert second.transcript == full_decode("anthropic", body(2))[0]
     assert second.transcript.messages[0] is first.transcript.messages[0]  # the system prompt
     assert second.transcript.messages[1] is first.transcript.messages[1]
@@ -162,10 +174,10 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
 
 def test_an_edited_message_is_decoded_again_from_there() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
     edited = copy.deepcopy(HISTORY)
     edited[2]["tool_calls"][0]["function"]["arguments"] = '{"x": 1}'
-    second = cache.decode(OPENAI.codec, chat(edited)).transcript
+    second = cache.decode(OPENAI, chat(edited)).transcript
     assert second.messages[1] is first.messages[1]
     assert second.messages[2].tool_calls[0].arguments == '{"x": 1}'
     assert second.messages[3] is not first.messages[3]
@@ -173,30 +185,30 @@ def test_an_edited_message_is_decoded_again_from_there() -> None:
 
 def test_a_result_must_answer_a_call_issued_in_the_reused_prefix() -> None:
     cache = DecodeCache()
-    cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)))
+    cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)))
     with pytest.raises(DialectError, match="'c9' does not answer") as err:
-        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY), result("c9")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY), result("c9")]))
     assert err.value.param == "messages[4].tool_call_id"
     # A cut history forgets the calls it no longer holds.
     with pytest.raises(DialectError, match="'c1' does not answer"):
-        cache.decode(OPENAI.codec, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
 
 
 def test_the_body_checks_run_on_every_request() -> None:
     cache = DecodeCache()
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    cache.decode(ANTHROPIC.codec, copy.deepcopy(body))
+    cache.decode(ANTHROPIC, copy.deepcopy(body))
     del body["max_tokens"]
     with pytest.raises(DialectError, match="max_tokens"):
-        cache.decode(ANTHROPIC.codec, body)
+        cache.decode(ANTHROPIC, body)
 
 
 def test_sessions_are_kept_apart_and_the_cache_is_bounded() -> None:
     cache = DecodeCache(max_sessions=1)
-    a = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
-    b = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
+    a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
     assert b.messages[0] is not a.messages[0]
-    again = cache.decode(OPENAI.codec, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    again = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
     assert again == a
 
@@ -250,9 +262,10 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
     headers = {"x-session-id": "s"}
     try:
         for body in grown_bodies(8):
-            decoded = cached.decode(OPENAI.codec, copy.deepcopy(body), headers)
+            decoded = await cached.decode(OPENAI, copy.deepcopy(body), headers)
             got = await cached.prepare(decoded, body, headers)
-            want = await fresh.prepare(OPENAI.decode(copy.deepcopy(body)), body, headers)
+            whole = Decoded.full(OPENAI.decode(copy.deepcopy(body)))  # the oracle
+            want = await fresh.prepare(whole, body, headers)
             assert (got.branch, got.raw_tokens) == (want.branch, want.raw_tokens)
             got_rendered, got_tokens = cached.render(got)
             want_rendered, want_tokens = fresh.render(want)

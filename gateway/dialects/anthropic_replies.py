@@ -1,20 +1,18 @@
-"""Response side: vLLM's OpenAI chat completions as Anthropic Messages responses, streamed or
-not, and assistant replies as neutral messages for the gateway to record.
+"""Anthropic Messages replies: vLLM's OpenAI chat completions as Messages responses,
+streamed or not.
 
 - ``to_anthropic_response``: a non-streaming chat completion -> a Messages response.
-- ``ChunkAccumulator``: assembles ``chat.completion.chunk`` dicts into the reply message.
 - ``AnthropicStreamTranslator``: fed parsed chunks, yields Anthropic SSE events as
-  ``(event_name, data)`` tuples; ``format_sse`` writes one frame.
+  ``(event_name, data)`` tuples (``chunks.format_sse`` writes one frame).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.dialects.anthropic_messages import tool_input
-from gateway.dialects.errors import DialectError
+from gateway.dialects.chunks import ChunkAccumulator, thinking_text, upstream_error
+from gateway.dialects.convert import tool_input
 from gateway.dialects.openai_chat import decode_reply
 from gateway.transcript import Message
 
@@ -27,11 +25,6 @@ STOP_REASONS: Mapping[str, str] = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
-_THINKING_FIELDS = ("reasoning_content", "reasoning")
-
-
-def _upstream_error(message: str) -> DialectError:
-    return DialectError(message, status=502, kind="api_error")
 
 
 def anthropic_usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
@@ -63,19 +56,8 @@ def stop_reason(finish_reason: str | None, matched_stop: Any = None) -> tuple[st
 def _first_choice(response: Mapping[str, Any]) -> Mapping[str, Any]:
     choices = response.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise _upstream_error("upstream response has no choices")
+        raise upstream_error("upstream response has no choices")
     return choices[0]
-
-
-def _thinking_field(message: Mapping[str, Any]) -> str:
-    """The field carrying thinking: vLLM has sent ``reasoning_content``, ``reasoning`` or
-    both with the same text, so the first one present wins."""
-    return next((n for n in _THINKING_FIELDS if isinstance(message.get(n), str)), "")
-
-
-def _thinking_text(message: Mapping[str, Any]) -> str | None:
-    name = _thinking_field(message)
-    return message[name] if name else None
 
 
 def to_anthropic_response(response: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,9 +65,9 @@ def to_anthropic_response(response: Mapping[str, Any]) -> dict[str, Any]:
     choice = _first_choice(response)
     message = choice.get("message")
     if not isinstance(message, Mapping):
-        raise _upstream_error("upstream choice has no message")
+        raise upstream_error("upstream choice has no message")
     content: list[dict[str, Any]] = []
-    thinking = _thinking_text(message)
+    thinking = thinking_text(message)
     if thinking:
         # vLLM does not sign thinking; an empty signature keeps the block well-formed.
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -114,68 +96,6 @@ def to_anthropic_response(response: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class ChunkAccumulator:
-    """Assembles streamed ``chat.completion.chunk`` dicts (first choice) into one reply."""
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.thinking: list[str] = []
-        self.thinking_field = ""  # the field the first thinking delta came in
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.finish_reason: str | None = None
-        self.matched_stop: Any = None
-        self.usage: Mapping[str, Any] | None = None
-        self.id = ""
-        self.model = ""
-
-    def feed(self, chunk: Mapping[str, Any]) -> None:
-        self.id = self.id or str(chunk.get("id") or "")
-        self.model = self.model or str(chunk.get("model") or "")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            thinking = _thinking_text(delta)
-            if thinking is not None:
-                if not self.thinking:
-                    self.thinking_field = _thinking_field(delta)
-                self.thinking.append(thinking)
-            if isinstance(delta.get("content"), str):
-                self.content.append(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                slot = self.calls.setdefault(
-                    call.get("index", 0), {"id": "", "name": "", "arguments": []}
-                )
-                fn = call.get("function") or {}
-                slot["id"] = slot["id"] or call.get("id") or ""
-                slot["name"] += fn.get("name") or ""
-                slot["arguments"].append(fn.get("arguments") or "")
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                self.matched_stop = choice.get("stop_reason")
-
-    def message(self) -> dict[str, Any]:
-        """The reply as a chat completion's assistant message dict."""
-        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
-        if self.thinking:
-            out[self.thinking_field] = "".join(self.thinking)
-        if self.calls:
-            out["tool_calls"] = [
-                {
-                    "id": slot["id"],
-                    "type": "function",
-                    "function": {"name": slot["name"], "arguments": "".join(slot["arguments"])},
-                }
-                for _, slot in sorted(self.calls.items())
-            ]
-        return out
-
-    def reply(self) -> Message:
-        return decode_reply(self.message())
-
-
 class AnthropicStreamTranslator:
     """Turns a vLLM chat completion stream into an Anthropic Messages event stream.
 
@@ -196,14 +116,14 @@ class AnthropicStreamTranslator:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
         if self._done:
-            raise _upstream_error("chunk after the end of the stream")
+            raise upstream_error("chunk after the end of the stream")
         self.accumulator.feed(chunk)
         events = self._start(chunk)
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            thinking = _thinking_text(delta)
+            thinking = thinking_text(delta)
             if thinking:
                 delta_event = {"type": "thinking_delta", "thinking": thinking}
                 events += self._delta("thinking", delta_event)
@@ -237,7 +157,7 @@ class AnthropicStreamTranslator:
 
     def reply(self) -> Message:
         """What the model answered, as a neutral assistant message (for the history)."""
-        return self.accumulator.reply()
+        return decode_reply(self.accumulator.message())
 
     def _start(self, chunk: Mapping[str, Any]) -> list[Event]:
         if self._started:
@@ -288,7 +208,7 @@ class AnthropicStreamTranslator:
         kind = f"tool:{index}"
         if self._open != kind:
             if index in self._tools_seen:
-                raise _upstream_error(f"tool call {index} resumed after another block started")
+                raise upstream_error(f"tool call {index} resumed after another block started")
             self._tools_seen.add(index)
             block = {
                 "type": "tool_use",
@@ -302,10 +222,3 @@ class AnthropicStreamTranslator:
             data = {"type": "content_block_delta", "index": self._next_index, "delta": delta}
             events.append(("content_block_delta", data))
         return events
-
-
-def format_sse(event: str | None, data: Mapping[str, Any] | str) -> bytes:
-    """One server-sent-events frame; ``event`` None for OpenAI-style data-only frames."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()

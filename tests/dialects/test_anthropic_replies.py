@@ -3,14 +3,13 @@ from typing import Any
 
 import pytest
 
-from gateway.dialects.errors import DialectError
-from gateway.dialects.responses import (
+from gateway.dialects.anthropic_replies import (
     AnthropicStreamTranslator,
-    ChunkAccumulator,
-    format_sse,
     stop_reason,
     to_anthropic_response,
 )
+from gateway.dialects.chunks import ChunkAccumulator, format_sse
+from gateway.dialects.errors import DialectError
 from gateway.transcript import Text, Thinking, ToolCall
 
 USAGE = {
