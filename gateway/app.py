@@ -6,6 +6,7 @@ signatures at run time.
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -77,6 +78,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="foldgate", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     async def handle(dialect: Dialect, request: Request) -> Response:
+        received = time.perf_counter()
         pipeline: Pipeline = state["pipeline"]
         strategy = request.headers.get(config.strategy_header) or config.strategy
         status = "error"
@@ -95,6 +97,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             )
             decoded = await pipeline.decode(dialect, body, request.headers)
             prepared = await pipeline.prepare(decoded, body, request.headers)
+            prepared.received = received
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
             headers = {

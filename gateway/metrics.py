@@ -50,6 +50,12 @@ RENDER_SECONDS = Histogram(
     "Time to render one request's context",
     buckets=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
 )
+ADDED_SECONDS = Histogram(
+    "foldgate_added_latency_seconds",
+    "Time from a request's arrival to its upstream request: what the gateway adds before the "
+    "model starts (body read, decode, ingest, render, encode)",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0),
+)
 UPSTREAM_ERRORS = Counter(
     "foldgate_upstream_errors_total", "Upstream attempts that failed", ["kind"]
 )

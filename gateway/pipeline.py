@@ -103,6 +103,9 @@ class Prepared:
     pressure: float = 0.0
     rendered_tokens: int = 0
     overflow_retries: int = 0
+    # perf_counter() when the gateway began the request (before reading its body), for the
+    # latency it adds before the upstream is asked.
+    received: float | None = None
 
 
 class Pipeline:
@@ -361,8 +364,11 @@ class Pipeline:
         await self._discover_model()
         await self.guard.learn(self.upstream_model)
         rendered, tokens = self.render(prepared)
+        body = self.upstream_body(prepared, rendered)
+        if prepared.received is not None:
+            metrics.ADDED_SECONDS.observe(time.perf_counter() - prepared.received)
         try:
-            replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+            replica, stream = await self.open(prepared, body)
         except UpstreamError as exc:
             if not _context_too_long(exc):
                 raise

@@ -46,6 +46,8 @@ async def test_stubs_and_asks_are_counted_in_metrics_and_session_totals(
     assert sent[1].startswith("[duplicate of step 0 (`pytest -q`): this entire output")
     assert counter(after, "removed_by_stubs") > counter(before, "removed_by_stubs")
     assert counter(after, "added") > counter(before, "added")  # the asks, while shown
+    added = re.compile(r"^foldgate_added_latency_seconds_count (\S+)$", re.M)
+    assert float(added.search(after)[1]) - float(added.search(before)[1]) == 3  # type: ignore[index]
     async with store_at(store_url) as store:
         totals = await store.get_counts("default", "acc", 0)
     assert totals["requests"] == 3

@@ -274,7 +274,7 @@ def test_dashboard_panels_query_through_a_prometheus_datasource() -> None:
         "Stubs, folds, restores",
         "Routing decisions",
         "Session moves and failovers",
-        "Render latency",
+        "Render and added latency",
         "Prefix-cache hit rate",
         "Queue time",
         "Requests running and waiting",
