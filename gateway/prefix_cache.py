@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Parent "hash" of the first block; any fixed value works, it only seeds the chain.
 _ROOT = 0x5EED
@@ -120,3 +121,117 @@ class PrefixCache:
             uncached_tokens=len(ids) - cached,
             blocks_in_use=len(self._blocks),
         )
+
+
+class BlockPool:
+    """The same model for an engine that holds requests: one vLLM v1 KV pool.
+
+    :class:`PrefixCache` serves one request at a time and lets it go at once; an engine
+    keeps its running requests' blocks. Here a block is referenced while a running request
+    holds it and can then never be evicted; released, a full block keeps its hash and stays
+    cached but counts as free (vLLM's free queue), in LRU order, until an allocation needs
+    its slot. Held blocks without a hash (the partial last block, decode tokens) are
+    ``anonymous``. Blocks are named by dense integer ids (chained hashes mapped to ids by
+    the caller) so the pool is a few arrays and a lookup over thousands of blocks is one
+    vector operation.
+
+    Eviction takes the least recently released blocks in batches of ``evict_batch`` (at
+    least what the allocation needs), a small departure from one-at-a-time LRU that keeps
+    the cost per allocation low.
+    """
+
+    def __init__(self, capacity_blocks: int, n_ids: int = 0, evict_batch: int | None = None):
+        import numpy as np
+
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self._np = np
+        self.capacity = capacity_blocks
+        self.evict_batch = max(1, capacity_blocks // 64) if evict_batch is None else evict_batch
+        self.resident = np.zeros(n_ids, dtype=bool)
+        self.refs = np.zeros(n_ids, dtype=np.int32)
+        self.stamp = np.zeros(n_ids, dtype=np.int64)
+        self.referenced = 0  # hashed blocks some running request holds
+        self.anonymous = 0  # held blocks without a hash
+        self.cached = 0  # hashed blocks resident, referenced or not
+        self.evicted = 0
+        self._clock = 0
+
+    @property
+    def used(self) -> int:
+        return self.referenced + self.anonymous
+
+    @property
+    def free(self) -> int:
+        """Blocks an allocation may take: never used or cached but unreferenced."""
+        return self.capacity - self.used
+
+    @property
+    def usage(self) -> float:
+        """vLLM's ``kv_cache_usage_perc``: cached unreferenced blocks count as free."""
+        return self.used / self.capacity
+
+    def ensure(self, n_ids: int) -> None:
+        """Grow the id space to at least ``n_ids``."""
+        size = len(self.resident)
+        if n_ids <= size:
+            return
+        grown = max(n_ids, 2 * size)
+        np = self._np
+        self.resident = np.concatenate([self.resident, np.zeros(grown - size, dtype=bool)])
+        self.refs = np.concatenate([self.refs, np.zeros(grown - size, dtype=np.int32)])
+        self.stamp = np.concatenate([self.stamp, np.zeros(grown - size, dtype=np.int64)])
+
+    def hits(self, ids: Any, limit: int) -> int:
+        """How many leading blocks of ``ids[:limit]`` are cached."""
+        if limit <= 0:
+            return 0
+        found = self.resident[ids[:limit]]
+        return limit if found.all() else int(found.argmin())
+
+    def acquire(self, ids: Any, anonymous: int = 0) -> bool:
+        """Hold the hashed blocks ``ids`` (distinct; cached ones are reused, the others
+        allocated and cached) and ``anonymous`` more unhashed blocks (negative: give some
+        back, as when a partial block fills up and gets its hash). False, with nothing
+        changed, when they do not fit."""
+        refs = self.refs[ids]
+        newly = ids[refs == 0]
+        if len(newly) + anonymous > self.free:
+            return False
+        fresh = newly[~self.resident[newly]]
+        self.refs[ids] += 1
+        self.referenced += len(newly)
+        self.anonymous += anonymous
+        # Slots for fresh blocks come from never-used ones first, then from the LRU cache.
+        # Occupied slots: anonymous blocks and every cached block, held or not.
+        shortfall = self.anonymous + self.cached + len(fresh) - self.capacity
+        if shortfall > 0:
+            self._evict(shortfall)
+        self.resident[fresh] = True
+        self.cached += len(fresh)
+        return True
+
+    def release(self, ids: Any, anonymous: int = 0) -> None:
+        """Let go of blocks a request held. Its first blocks become the most recently used,
+        so under pressure the ends of prompts go before their shared beginnings (vLLM frees
+        a request's blocks in reverse order for the same reason)."""
+        np = self._np
+        if len(ids):
+            self.refs[ids] -= 1
+            self.referenced -= int((self.refs[ids] == 0).sum())
+            self.stamp[ids] = self._clock + np.arange(len(ids), 0, -1)
+            self._clock += len(ids) + 1
+        self.anonymous -= anonymous
+
+    def _evict(self, needed: int) -> None:
+        np = self._np
+        candidates = np.flatnonzero(self.resident & (self.refs == 0))
+        take = min(len(candidates), max(needed, self.evict_batch))
+        if take <= 0:
+            return
+        if take < len(candidates):
+            oldest = np.argpartition(self.stamp[candidates], take - 1)[:take]
+            candidates = candidates[oldest]
+        self.resident[candidates] = False
+        self.cached -= take
+        self.evicted += take
