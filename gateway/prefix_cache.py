@@ -194,6 +194,14 @@ class BlockPool:
         allocated and cached) and ``anonymous`` more unhashed blocks (negative: give some
         back, as when a partial block fills up and gets its hash). False, with nothing
         changed, when they do not fit."""
+        if not len(ids):  # the common case, a decode step: no array work
+            if anonymous > self.free:
+                return False
+            self.anonymous += anonymous
+            shortfall = self.anonymous + self.cached - self.capacity
+            if shortfall > 0:
+                self._evict(shortfall)
+            return True
         refs = self.refs[ids]
         newly = ids[refs == 0]
         if len(newly) + anonymous > self.free:

@@ -221,6 +221,8 @@ def simulate(
         run = workload.runs[(trajectory, config.strategy)]
         s = _Session(started, trajectory, rng, next_id)
         next_id += run.local_ids
+        for e in engines:
+            e.pool.ensure(next_id)
         sessions[s.index] = s
         started += 1
         # Sessions do not start in lockstep: the first request after one think time.
@@ -240,9 +242,6 @@ def simulate(
             result.moves += 1
         decision.replica.in_flight += 1
         engine = engines[index_of[decision.replica.url]]
-        if len(ids):
-            for e in engines:
-                e.pool.ensure(int(ids.max()) + 1)
         engine.add(
             SimRequest(s.index, engine.index, ids, step.prompt_tokens, step.output_tokens, now)
         )

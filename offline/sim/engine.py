@@ -34,6 +34,8 @@ import numpy as np
 from gateway.prefix_cache import BlockPool
 from router.cost import CostModel
 
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
 
 @dataclass(slots=True, eq=False)
 class SimRequest:
@@ -128,7 +130,9 @@ class SimReplica:
             req = self.running[i]
             n = min(req.num_tokens - req.computed, budget)
             itself = False
-            while not self._allocate(req, req.computed + n, bs):
+            # Most steps of a decoding request need no new block: skip the allocator then.
+            fits = -(-(req.computed + n) // bs) <= req.held + req.anonymous
+            while not fits and not self._allocate(req, req.computed + n, bs):
                 victim = self.running.pop()  # the last one: FCFS
                 self._preempt(victim)
                 preempted = True
@@ -189,7 +193,8 @@ class SimReplica:
             for r in self.running
         )
         for r in self.running:
-            if not self._allocate(r, r.computed + 1, bs):
+            fits = -(-(r.computed + 1) // bs) <= r.held + r.anonymous
+            if not fits and not self._allocate(r, r.computed + 1, bs):
                 return None
         if extra > self.pool.free:
             return None
@@ -223,7 +228,7 @@ class SimReplica:
                 if req.output_done >= req.output_tokens:
                     req.finished = now
                     done.append(req)
-            if p.repeat > 1:
+            if p.repeat > 1 and -(-req.computed // bs) > req.held + req.anonymous:
                 # The jump checked these blocks fit; nothing else allocated since.
                 self._allocate(req, req.computed, bs)
         for req in done:
@@ -239,10 +244,12 @@ class SimReplica:
         anonymous = math.ceil(tokens / bs) - hashed
         if hashed <= req.held and anonymous <= req.anonymous:
             return True
-        new = req.ids[req.held : hashed] if hashed > req.held else req.ids[:0]
-        if not self.pool.acquire(new, anonymous - req.anonymous):
+        if hashed > req.held:
+            if not self.pool.acquire(req.ids[req.held : hashed], anonymous - req.anonymous):
+                return False
+            req.held = hashed
+        elif not self.pool.acquire(_NO_IDS, anonymous - req.anonymous):
             return False
-        req.held = max(req.held, hashed)
         req.anonymous = anonymous
         return True
 

@@ -1,0 +1,261 @@
+"""``foldgate simulate``: the cluster simulator's command line."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gateway.importers import TrajectoryFormatError, load_trajectories
+from gateway.replay import ReplayConfig, request_count
+from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.report import markdown_table, write_outputs
+from offline.sim.workload import SHARE_MODES, Workload, build_workload
+from router import COST_PRESETS, POLICY_NAMES
+from router.cost import get_preset
+
+# The workload and the progress queue, inherited by forked workers (not pickled per cell).
+_WORKLOAD: Workload | None = None
+_PROGRESS: Any = None
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
+    assert _WORKLOAD is not None
+
+    def report(t: float) -> None:
+        if _PROGRESS is not None:
+            _PROGRESS.put((index, t))
+
+    return index, simulate(_WORKLOAD, config, report)
+
+
+@click.command("simulate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(COST_PRESETS)),
+    default="h200-qwen3.6-27b",
+    show_default=True,
+    help="Replica cost model and engine shape (KV pool, block size, token budget).",
+)
+@click.option("--replicas", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--concurrency",
+    default="256",
+    show_default=True,
+    help="Concurrent sessions, comma-separated for several loads (a finished session is "
+    "replaced at once). Ignored with --arrival-rate.",
+)
+@click.option(
+    "--arrival-rate",
+    default=None,
+    help="Poisson session arrivals per second instead, comma-separated for several loads.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    default="sticky,sticky_cost,least_loaded,round_robin",
+    show_default=True,
+    help=f"Routing policies ({', '.join(POLICY_NAMES)}).",
+)
+@click.option(
+    "--strategy",
+    "strategies",
+    default="base,refold",
+    show_default=True,
+    help="Renderer specs (base, refold, cliff, mask, clip, refold+cliff).",
+)
+@click.option("--duration", type=click.FloatRange(min=1), default=900.0, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds simulated before measuring.",
+)
+@click.option(
+    "--think",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Mean think time (tool execution) between a reply and the next request, seconds.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--share",
+    type=click.Choice(SHARE_MODES),
+    default="head",
+    show_default=True,
+    help="What sessions replaying one recording share in a replica's cache: only the head "
+    "(tools and system prompt, as distinct tasks of one agent do) or everything.",
+)
+@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
+@click.option("--budget", type=click.IntRange(min=1), default=32_000, show_default=True)
+@click.option("--k", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=min(2, os.cpu_count() or 1),
+    show_default=True,
+    help="Cells simulated in parallel processes.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("sim-out"),
+    show_default=True,
+    help="Folder for results.csv, results.json, report.md and plots.",
+)
+def simulate_command(
+    paths: tuple[Path, ...],
+    preset: str,
+    replicas: int,
+    concurrency: str,
+    arrival_rate: str | None,
+    policies: str,
+    strategies: str,
+    duration: float,
+    warmup: float,
+    think: float,
+    seed: int,
+    share: str,
+    tokenizer: str | None,
+    budget: int,
+    k: int,
+    jobs: int,
+    out: Path,
+) -> None:
+    """Simulate R vLLM replicas serving agent sessions that replay recorded trajectories.
+
+    Every request is rendered by the real strategy code, tokenized with the real tokenizer
+    and routed by the real policy; each replica is modelled as vLLM v1 schedules (KV pool
+    of blocks, prefix cache with LRU eviction, chunked prefill, preemption by recompute)
+    with step times from the --preset cost model. One cell per policy x strategy x load.
+
+    \b
+    Example (GPU scale):
+      foldgate simulate shared/trajectories/norm --preset h200-qwen3.6-27b \\
+          --replicas 8 --concurrency 256 --out sim-out
+    """
+    global _WORKLOAD, _PROGRESS
+    console = Console(stderr=True)
+    cost = get_preset(preset)
+    policy_names = _csv(policies)
+    unknown = sorted(set(policy_names) - set(POLICY_NAMES))
+    if unknown or not policy_names:
+        raise click.BadParameter(f"unknown policy {unknown}", param_hint="--policy")
+    try:
+        loads: list[dict[str, Any]] = (
+            [{"concurrency": None, "arrival_rate": float(x)} for x in _csv(arrival_rate)]
+            if arrival_rate
+            else [{"concurrency": int(x), "arrival_rate": None} for x in _csv(concurrency)]
+        )
+        configs = [
+            SimConfig(
+                policy=p,
+                strategy=s,
+                cost=cost,
+                replicas=replicas,
+                duration_s=duration,
+                warmup_s=warmup,
+                think_s=think,
+                seed=seed,
+                **load,
+            )
+            for load in loads
+            for s in _csv(strategies)
+            for p in policy_names
+        ]
+        replay_config = ReplayConfig(
+            strategies=_csv(strategies), k=k, budget=budget, block_size=cost.block_size
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    spec = tokenizer or default_tokenizer_spec()
+    try:
+        chat = ChatTokenizer(get_counter(spec))
+    except (TokenizerUnavailable, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
+    try:
+        trajectories = load_trajectories(*paths)
+    except TrajectoryFormatError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if not trajectories:
+        raise click.UsageError(f"no trajectories found in {', '.join(map(str, paths))}")
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        requests = sum(request_count(t.transcript) for t in trajectories)
+        render = progress.add_task("rendering", total=requests * len(replay_config.strategies))
+        try:
+            _WORKLOAD = build_workload(
+                trajectories,
+                chat,
+                replay_config,
+                share=share,
+                on_request=lambda: progress.advance(render),
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--strategy") from exc
+        progress.remove_task(render)
+        tasks = [
+            progress.add_task(f"{c.policy}/{c.strategy}/{c.load}", total=duration) for c in configs
+        ]
+        results: list[CellResult | None] = [None] * len(configs)
+        if jobs == 1 or len(configs) == 1:
+            for i, c in enumerate(configs):
+                results[i] = simulate(
+                    _WORKLOAD, c, lambda t, i=i: progress.update(tasks[i], completed=t)
+                )
+        else:
+            ctx = multiprocessing.get_context("fork")
+            _PROGRESS = ctx.Queue()
+            with ctx.Pool(jobs) as workers:
+                pending = [workers.apply_async(_run_cell, (i, c)) for i, c in enumerate(configs)]
+                while pending:
+                    while not _PROGRESS.empty():
+                        i, t = _PROGRESS.get()
+                        progress.update(tasks[i], completed=t)
+                    for job in [j for j in pending if j.ready()]:
+                        i, result = job.get()
+                        results[i] = result
+                        progress.update(tasks[i], completed=duration)
+                        pending.remove(job)
+                    time.sleep(0.1)
+            _PROGRESS = None
+    done = [r for r in results if r is not None]
+    elapsed = time.perf_counter() - started
+    setup = {
+        "preset": preset,
+        "replicas": replicas,
+        "kv pool per replica (tokens)": f"{cost.kv_pool_tokens:,}",
+        "block size": cost.block_size,
+        "max_num_batched_tokens": cost.max_num_batched_tokens,
+        "duration / warm-up (s)": f"{duration:g} / {warmup:g}",
+        "think time mean (s)": think,
+        "seed": seed,
+        "trajectories": len(_WORKLOAD.trajectories),
+        "tokenizer": _WORKLOAD.tokenizer,
+        "shared in cache": share,
+        "wall time (s)": round(elapsed, 1),
+    }
+    argv = sys.argv[sys.argv.index("simulate") + 1 :] if "simulate" in sys.argv else sys.argv[1:]
+    command = "foldgate simulate " + " ".join(shlex.quote(a) for a in argv)
+    write_outputs(done, out, setup, command)
+    click.echo(markdown_table([r.summary() for r in done]))
+    console.print(
+        f"{len(done)} cells in {elapsed:.1f}s; wrote {out}/ (report.md, CSV, JSON, plots)"
+    )
