@@ -14,7 +14,6 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.importers import TrajectoryFormatError, load_trajectories
 from gateway.replay import ReplayConfig, request_count
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
 from offline.sim.cluster import CellResult, SimConfig, simulate
@@ -102,6 +101,7 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
     help="What sessions replaying one recording share in a replica's cache: only the head "
     "(tools and system prompt, as distinct tasks of one agent do) or everything.",
 )
+@click.option("--strict", is_flag=True, help="Fail on a file that cannot be read as a trajectory.")
 @click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
 @click.option("--budget", type=click.IntRange(min=1), default=32_000, show_default=True)
 @click.option("--k", type=click.IntRange(min=1), default=3, show_default=True)
@@ -132,6 +132,7 @@ def simulate_command(
     think: float,
     seed: int,
     share: str,
+    strict: bool,
     tokenizer: str | None,
     budget: int,
     k: int,
@@ -189,12 +190,9 @@ def simulate_command(
         chat = ChatTokenizer(get_counter(spec))
     except (TokenizerUnavailable, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
-    try:
-        trajectories = load_trajectories(*paths)
-    except TrajectoryFormatError as exc:
-        raise click.UsageError(str(exc)) from exc
-    if not trajectories:
-        raise click.UsageError(f"no trajectories found in {', '.join(map(str, paths))}")
+    from gateway.cli import load_paths  # the CLI module imports this one
+
+    trajectories = load_paths(paths, strict=strict, console=console)
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
