@@ -257,3 +257,112 @@ def simulate_command(
     console.print(
         f"{len(done)} cells in {elapsed:.1f}s; wrote {out}/ (report.md, CSV, JSON, plots)"
     )
+
+
+@click.command("simulate-fit")
+@click.option(
+    "--replica",
+    default=None,
+    help="Base URL of a running vLLM replica to probe [default: start one deploy/cpu "
+    "replica of the tiny model on a free port, and stop it after; run under "
+    "`flock /tmp/foldgate-vllm.lock` on shared machines].",
+)
+@click.option("--model", default="tiny", show_default=True, help="Served model name.")
+@click.option(
+    "--base",
+    type=click.Choice(sorted(COST_PRESETS)),
+    default="cpu-tiny",
+    show_default=True,
+    help="Preset whose engine shape (KV pool, block size, budget) the fit keeps.",
+)
+@click.option(
+    "--prompt-sizes", default="128,512,2048,6000", show_default=True, help="Cold prompt sizes."
+)
+@click.option("--output-tokens", type=click.IntRange(min=3), default=24, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+def fit_command(
+    replica: str | None,
+    model: str,
+    base: str,
+    prompt_sizes: str,
+    output_tokens: int,
+    seed: int,
+    json_path: Path | None,
+) -> None:
+    """Fit a cost model's coefficients from probes of a live vLLM replica.
+
+    Cold prompts of random token ids, alone and four at a time, are streamed; each
+    prefill (time to first token) and decode stretch is a known number of engine steps,
+    so a non-negative least-squares fit gives seconds per step, per prefill token, per
+    decoding sequence and per attended token. Prints them as a preset to paste into
+    router/cost.py, with the fit's error per probe.
+    """
+    import asyncio
+    import json
+
+    from deploy.cpu.replicas import available_cores, free_ports, start_replicas
+    from offline.sim.calibrate import fit_coefficients, fitted, measure_phases
+
+    preset = get_preset(base)
+    sizes = [int(x) for x in _csv(prompt_sizes)]
+
+    def probe(url: str) -> list[Any]:
+        return asyncio.run(
+            measure_phases(
+                url,
+                model,
+                preset.max_num_batched_tokens,
+                prompt_sizes=sizes,
+                output_tokens=output_tokens,
+                seed=seed,
+            )
+        )
+
+    if replica is not None:
+        phases = probe(replica.rstrip("/"))
+    else:
+        with start_replicas(
+            1,
+            ports=free_ports(1),
+            cores=available_cores()[:1],
+            block_size=preset.block_size,
+            kv_cache_bytes=preset.kv_pool_tokens * preset.kv_bytes_per_token,
+        ) as started:
+            phases = probe(started.urls[0])
+    coefficients = fit_coefficients(phases)
+    model_fit = fitted(preset, coefficients)
+    click.echo("phase (steps, prefill tok, decode seq-steps, attended tok): measured -> fitted")
+    for p in phases:
+        predicted = sum(c * f for c, f in zip(coefficients, p.features, strict=True))
+        click.echo(
+            f"  {p.steps:>5.0f} {p.prefill_tokens:>7.0f} {p.decode_seqs:>5.0f} "
+            f"{p.attended_tokens:>10.0f}: {p.seconds:.4f}s -> {predicted:.4f}s"
+        )
+    click.echo(
+        f"per_step_s={model_fit.per_step_s:.3g}, "
+        f"per_prefill_token_s={model_fit.per_prefill_token_s:.3g}, "
+        f"per_decode_seq_s={model_fit.per_decode_seq_s:.3g}, "
+        f"per_attended_token_s={model_fit.per_attended_token_s:.3g},"
+    )
+    if json_path is not None:
+        json_path.write_text(
+            json.dumps(
+                {
+                    "coefficients": dict(
+                        zip(
+                            (
+                                "per_step_s",
+                                "per_prefill_token_s",
+                                "per_decode_seq_s",
+                                "per_attended_token_s",
+                            ),
+                            coefficients,
+                            strict=True,
+                        )
+                    ),
+                    "phases": [[*p.features, p.seconds] for p in phases],
+                },
+                indent=1,
+            )
+        )

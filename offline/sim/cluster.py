@@ -82,6 +82,7 @@ class SimConfig:
     think_s: float = 5.0
     scrape_interval_s: float = 2.0
     seed: int = 0
+    sessions: int | None = None  # stop starting sessions after this many
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -96,6 +97,8 @@ class SimConfig:
             raise ValueError("need 0 <= warmup_s < duration_s")
         if self.think_s < 0 or self.scrape_interval_s <= 0:
             raise ValueError("think_s must be >= 0 and scrape_interval_s positive")
+        if self.sessions is not None and self.sessions < 1:
+            raise ValueError(f"sessions must be >= 1, got {self.sessions}")
 
     @property
     def load(self) -> str:
@@ -214,10 +217,14 @@ def simulate(
         sessions_started=0,
     )
 
+    order = session_order(workload, config.seed)
+
     def start_session(now: float) -> None:
         nonlocal next_id, started
+        if config.sessions is not None and started >= config.sessions:
+            return
         rng = random.Random(config.seed * 1_000_003 + started)
-        trajectory = workload.trajectories[rng.randrange(len(workload.trajectories))]
+        trajectory = order[started % len(order)]
         run = workload.runs[(trajectory, config.strategy)]
         s = _Session(started, trajectory, rng, next_id)
         next_id += run.local_ids
@@ -285,9 +292,11 @@ def simulate(
     push(0.0, _SCRAPE)
     counters_at_warmup: tuple[int, int, int] | None = None
     last_progress = 0.0
+    now = 0.0
     while events:
         now, _, kind, a, b = heapq.heappop(events)
         if now >= config.duration_s:
+            now = config.duration_s
             break
         if counters_at_warmup is None and now >= config.warmup_s:
             counters_at_warmup = _counters(engines)
@@ -329,9 +338,19 @@ def simulate(
     result.prefix_hits = end_counters[1] - counters_at_warmup[1]
     result.preemptions = end_counters[2] - counters_at_warmup[2]
     result.sessions_started = started
+    # A run with a session limit may end before its duration: measure what ran.
+    result.window_s = max(now - config.warmup_s, 1e-9)
     if on_progress is not None:
         on_progress(config.duration_s)
     return result
+
+
+def session_order(workload: Workload, seed: int) -> list[str]:
+    """The trajectories sessions replay, in turn: every one equally often, in a seeded
+    order (session i replays ``order[i % len(order)]``)."""
+    order = list(workload.trajectories)
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def _counters(engines: list[SimReplica]) -> tuple[int, int, int]:

@@ -46,6 +46,7 @@ class Step:
     prompt_tokens: int
     output_tokens: int
     head_tokens: int
+    tokens: np.ndarray | None = None  # the prompt's token ids, when kept (calibration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +95,15 @@ def build_workload(
     *,
     share: str = "head",
     max_output_tokens: int = 4096,
+    keep_tokens: bool = False,
     make_renderer: Callable[..., Renderer] | None = None,
     on_request: Callable[[], None] | None = None,
 ) -> Workload:
-    """Render and tokenize every request of every trajectory under every strategy."""
+    """Render and tokenize every request of every trajectory under every strategy.
+
+    ``keep_tokens`` keeps each prompt's token ids too (to send them to a real replica);
+    ``max_output_tokens`` caps the recorded reply lengths the sessions generate.
+    """
     if share not in SHARE_MODES:
         raise ValueError(f"share must be one of {', '.join(SHARE_MODES)}, got {share!r}")
     bs = config.block_size
@@ -136,6 +142,7 @@ def build_workload(
                         prompt_tokens=len(ids),
                         output_tokens=max(1, min(reply, max_output_tokens)),
                         head_tokens=n_head * bs,
+                        tokens=np.asarray(ids, dtype=np.int32) if keep_tokens else None,
                     )
                 )
                 if on_request is not None:
