@@ -33,7 +33,7 @@ from gateway.request_cache import Codec, DecodeCache, Decoded, MessageMemo, sess
 from gateway.tenants import Tenants, salt_secret
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
-from router import ReplicaPool, RoutingPolicy, with_failover
+from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
 from router.replica import Replica
 from store import StoreUnavailable
 
@@ -276,8 +276,11 @@ class Pipeline:
             if len(served) == 1:
                 self.upstream_model = served[0]["id"]
 
-    async def open(self, prepared: Prepared, body: dict[str, Any]) -> tuple[Replica, ChatStream]:
-        """Route and open the upstream stream, failing over before the first chunk."""
+    async def open(
+        self, prepared: Prepared, body: dict[str, Any], hints: RouteHints | None = None
+    ) -> tuple[Replica, ChatStream]:
+        """Route and open the upstream stream, failing over before the first chunk.
+        ``hints`` (the rendered prompt's size) let a cost-aware policy price a move."""
 
         async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
             try:
@@ -293,6 +296,7 @@ class Pipeline:
             prepared.session,
             attempt,
             max_attempts=self.config.max_attempts,
+            hints=hints,
         )
 
     async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
@@ -305,7 +309,9 @@ class Pipeline:
         await self._discover_model()
         rendered, tokens = self.render(prepared)
         try:
-            replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
+            replica, stream = await self.open(
+                prepared, self.upstream_body(prepared, rendered), RouteHints(prompt_tokens=tokens)
+            )
         except UpstreamError as exc:
             if not _context_too_long(exc):
                 raise

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from gateway.config import GatewayConfig
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import Workload
 from router import ReplicaMetrics, ReplicaPool, RouteHints, make_policy
@@ -187,7 +188,13 @@ def simulate(
         r.metrics = ReplicaMetrics(running=0, waiting=0, kv_cache_usage=0.0)
     index_of = {u: i for i, u in enumerate(urls)}
     assignments = MemoryAssignments()
-    policy = make_policy(config.policy, assignments=assignments, cost=cost)
+    policy = make_policy(
+        config.policy,
+        assignments=assignments,
+        cost=cost,
+        # The gateway's own default, so "sticky" is sticky as deployed today.
+        rehome_margin=GatewayConfig.rehome_margin,
+    )
     engines = [SimReplica.create(i, cost) for i in range(config.replicas)]
     tenant = "sim"
     events: list[tuple[float, int, int, int, int]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router import AssignmentStore, CostAwareStickyPolicy, ReplicaMetrics, RouteHints
+from router import AssignmentStore, CostAwareStickyPolicy, ReplicaMetrics, RouteHints, make_policy
 from router.cost import CostModel, get_preset
 from router.policies import (
     CachedPrefixScorer,
@@ -201,3 +201,10 @@ def test_presets_are_consistent() -> None:
     assert 0.01 < h200.step_s(0, 1, 0) < 0.02
     with pytest.raises(ValueError, match="unknown cost preset"):
         get_preset("nope")
+
+
+def test_make_policy_builds_sticky_cost_with_a_cost_model(assignments: AssignmentStore) -> None:
+    policy = make_policy("sticky_cost", assignments=assignments, cost=COST)
+    assert isinstance(policy, CostAwareStickyPolicy) and policy.cost is COST
+    with pytest.raises(ValueError, match="needs a cost model"):
+        make_policy("sticky_cost", assignments=assignments)
