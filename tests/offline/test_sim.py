@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from gateway.importers import load_trajectories
 from gateway.prefix_cache import BlockPool
 from gateway.replay import ReplayConfig
 from gateway.tokens import ByteEstimate, ChatTokenizer
+from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import build_workload
@@ -216,3 +218,16 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
         ("sticky", "refold"),
         ("round_robin", "refold"),
     ]
+
+
+def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
+    truth = (0.012, 6e-5, 1e-3, 2e-8)
+    phases = []
+    for prompt in (128, 512, 2048, 6000):
+        for seqs in (1, 4):
+            for phase in (prefill_phase(prompt, 2048, 0.0), decode_phase(prompt, seqs, 20, 0.0)):
+                seconds = sum(c * f for c, f in zip(truth, phase.features, strict=True))
+                phases.append(replace(phase, seconds=seconds))
+    assert fit_coefficients(phases) == pytest.approx(truth, rel=1e-6)
+    # A 6000-token prompt under a 2048-token budget is 3 chunks attending 2048, 4096, 6000.
+    assert prefill_phase(6000, 2048, 1.0).features == [3, 6000, 0, 12144]
