@@ -6,14 +6,20 @@ hash names the whole prefix up to the end of its block. A request's cached token
 longest run of leading blocks whose hashes are resident. Capacity is in blocks with LRU
 eviction; evicting a block leaves its descendants resident but unreachable (the lookup stops
 at the first miss), exactly as in vLLM, until LRU evicts them too.
+
+:class:`BlockPool` is the cache itself, as one engine's KV pool with reference counts;
+:class:`PrefixCache` is that pool serving one request at a time (each request holds its
+blocks and lets go at once), which is what an offline replay of one session needs. The
+cluster simulator drives a ``BlockPool`` directly, with running requests holding blocks.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 # Parent "hash" of the first block; any fixed value works, it only seeds the chain.
 _ROOT = 0x5EED
@@ -37,8 +43,9 @@ class PrefixCache:
             raise ValueError(f"capacity_blocks must be >= 1 or None, got {capacity_blocks}")
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
-        # hash -> None, ordered least- to most-recently used.
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        # Exact LRU (evict one block at a time); "no capacity" is a pool nothing fills.
+        self._pool = BlockPool(capacity_blocks or _UNBOUNDED, evict_batch=1)
+        self._ids: dict[int, int] = {}  # block hash -> the pool's dense id
         self.prompt_tokens = 0
         self.cached_tokens = 0
         # The previous request's ids and block hashes: an agent's next prompt usually extends
@@ -47,10 +54,17 @@ class PrefixCache:
         self._last_hashes: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return self._pool.cached
 
     def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._blocks
+        i = self._ids.get(block_hash)
+        return i is not None and bool(self._pool.resident[i])
+
+    def evict(self, block_hash: int) -> None:
+        """Drop one block now, as LRU would once it is the least recently used."""
+        i = self._ids.get(block_hash)
+        if i is not None and self._pool.resident[i]:
+            self._pool.drop(np.asarray([i]))
 
     @property
     def hit_rate(self) -> float:
@@ -86,41 +100,34 @@ class PrefixCache:
                 hi = mid
         return lo
 
-    def _touch(self, hashes: list[int], capacity: int) -> None:
-        # Tail blocks first, so a prompt's beginning is its most recently used part: under
-        # pressure the ends of prompts go before their shared beginnings (vLLM frees blocks
-        # in reverse order for the same reason).
-        for h in reversed(hashes):
-            if h in self._blocks:
-                self._blocks.move_to_end(h)
-            else:
-                self._blocks[h] = None
-        while len(self._blocks) > capacity:
-            self._blocks.popitem(last=False)
-
     def request(self, ids: Sequence[int]) -> RequestResult:
         """Serve one prompt: count its cache hit, then keep its blocks (LRU order updated)."""
         hashes = self.block_hashes(ids)
+        dense = np.fromiter(
+            (self._ids.setdefault(h, len(self._ids)) for h in hashes), np.int64, len(hashes)
+        )
+        self._pool.ensure(len(self._ids))
         # vLLM always computes at least the last prompt token, so a fully cached,
         # block-aligned prompt still recomputes its last block.
         max_hit_blocks = min(len(hashes), (len(ids) - 1) // self.block_size if ids else 0)
-        hit = 0
-        while hit < max_hit_blocks and hashes[hit] in self._blocks:
-            hit += 1
-        cached = hit * self.block_size
-        if self.capacity_blocks is None:
-            # Nothing is ever evicted, so recency does not matter: only add the new blocks.
-            self._blocks.update(dict.fromkeys(hashes[hit:]))
-        else:
-            self._touch(hashes, self.capacity_blocks)
+        cached = self._pool.hits(dense, max_hit_blocks) * self.block_size
+        # The request holds its blocks while it runs and lets go when done: its beginning
+        # becomes the most recently used. A prompt longer than the pool keeps its beginning.
+        held = dense[: self._pool.capacity]
+        self._pool.acquire(held)
+        self._pool.release(held)
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
         return RequestResult(
             prompt_tokens=len(ids),
             cached_tokens=cached,
             uncached_tokens=len(ids) - cached,
-            blocks_in_use=len(self._blocks),
+            blocks_in_use=self._pool.cached,
         )
+
+
+# A capacity no replay reaches, for caches that never evict.
+_UNBOUNDED = 2**62
 
 
 class BlockPool:
@@ -141,11 +148,8 @@ class BlockPool:
     """
 
     def __init__(self, capacity_blocks: int, n_ids: int = 0, evict_batch: int | None = None):
-        import numpy as np
-
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
-        self._np = np
         self.capacity = capacity_blocks
         self.evict_batch = max(1, capacity_blocks // 64) if evict_batch is None else evict_batch
         self.resident = np.zeros(n_ids, dtype=bool)
@@ -177,7 +181,6 @@ class BlockPool:
         if n_ids <= size:
             return
         grown = max(n_ids, 2 * size)
-        np = self._np
         self.resident = np.concatenate([self.resident, np.zeros(grown - size, dtype=bool)])
         self.refs = np.concatenate([self.refs, np.zeros(grown - size, dtype=np.int32)])
         self.stamp = np.concatenate([self.stamp, np.zeros(grown - size, dtype=np.int64)])
@@ -223,7 +226,6 @@ class BlockPool:
         """Let go of blocks a request held. Its first blocks become the most recently used,
         so under pressure the ends of prompts go before their shared beginnings (vLLM frees
         a request's blocks in reverse order for the same reason)."""
-        np = self._np
         if len(ids):
             self.refs[ids] -= 1
             self.referenced -= int((self.refs[ids] == 0).sum())
@@ -232,7 +234,6 @@ class BlockPool:
         self.anonymous -= anonymous
 
     def _evict(self, needed: int) -> None:
-        np = self._np
         candidates = np.flatnonzero(self.resident & (self.refs == 0))
         take = min(len(candidates), max(needed, self.evict_batch))
         if take <= 0:
@@ -240,6 +241,10 @@ class BlockPool:
         if take < len(candidates):
             oldest = np.argpartition(self.stamp[candidates], take - 1)[:take]
             candidates = candidates[oldest]
-        self.resident[candidates] = False
-        self.cached -= take
-        self.evicted += take
+        self.drop(candidates)
+
+    def drop(self, ids: Any) -> None:
+        """Evict these cached, unreferenced blocks."""
+        self.resident[ids] = False
+        self.cached -= len(ids)
+        self.evicted += len(ids)
