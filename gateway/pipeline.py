@@ -35,7 +35,7 @@ from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
 from router.replica import Replica
-from store import StoreUnavailable
+from store import NotFound, StoreUnavailable
 
 log = logging.getLogger("foldgate")
 
@@ -309,8 +309,11 @@ class Pipeline:
         await self._discover_model()
         rendered, tokens = self.render(prepared)
         try:
+            hints = RouteHints(
+                prompt_tokens=tokens, cached_prefix_tokens=await self._cached_prefix(prepared)
+            )
             replica, stream = await self.open(
-                prepared, self.upstream_body(prepared, rendered), RouteHints(prompt_tokens=tokens)
+                prepared, self.upstream_body(prepared, rendered), hints
             )
         except UpstreamError as exc:
             if not _context_too_long(exc):
@@ -424,6 +427,17 @@ class Pipeline:
                 parts.append(f"restore {spec} failed: {exc}")
         return "\n\n".join(parts)
 
+    async def _cached_prefix(self, prepared: Prepared) -> int | None:
+        """The session's last prompt from its accounting, for a policy that prices moves
+        with it (one store read); None otherwise or before the session's first reply."""
+        if not self.policy.uses_cached_prefix:
+            return None
+        try:
+            counts = await self.store.get_counts(prepared.tenant, prepared.session, prepared.branch)
+        except NotFound:
+            return None
+        return counts.get("last_prompt_tokens")
+
     async def _account(
         self, prepared: Prepared, replica: Replica, usage: list[dict[str, Any]], restores: int
     ) -> None:
@@ -463,10 +477,18 @@ class Pipeline:
         # The request's own token: a write retried after a lost reply adds nothing, while
         # concurrent identical requests each add theirs.
         token = uuid.uuid4().hex
+        # What the replica holds of this session now, its last prompt: the cached-prefix
+        # estimate routing prices the session's next move with.
+        latest = {"last_prompt_tokens": int(usage[-1].get("prompt_tokens", 0))} if usage else None
         for attempt in range(ACCOUNT_ATTEMPTS):
             try:
                 await self.store.add_counts(
-                    prepared.tenant, prepared.session, prepared.branch, counts, token=token
+                    prepared.tenant,
+                    prepared.session,
+                    prepared.branch,
+                    counts,
+                    token=token,
+                    latest=latest,
                 )
                 await self.quotas.record_upstream(prepared.tenant, prompt)
                 break

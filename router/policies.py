@@ -346,6 +346,9 @@ def snapshot(replica: Replica, bound: int = 0) -> Candidate:
 
 class RoutingPolicy(ABC):
     name: str
+    # Whether `RouteHints.cached_prefix_tokens` matters to it (the gateway reads the
+    # session's accounting for it only then).
+    uses_cached_prefix: bool = False
 
     async def choose(
         self,
@@ -545,6 +548,7 @@ class CostAwareStickyPolicy(StickyPolicy):
     """Sticky that prices a move: see the module docstring."""
 
     name = "sticky_cost"
+    uses_cached_prefix = True
     _moved_reason = "queue_cost"
 
     def __init__(
