@@ -167,6 +167,20 @@ def test_simulation_is_deterministic_and_sticky_keeps_prefixes(tmp_path: Path) -
 
     sticky = run("sticky_cost")
     assert sticky == run("sticky_cost")
+    poisson = SimConfig(
+        policy="least_loaded",
+        strategy="base",
+        cost=c,
+        replicas=2,
+        concurrency=None,
+        arrival_rate=0.5,
+        duration_s=120,
+        warmup_s=10,
+        seed=3,
+    )
+    arrivals = simulate(workload, poisson)
+    assert arrivals.summary() == simulate(workload, poisson).summary()
+    assert arrivals.load == "0.5/s Poisson" and 20 < arrivals.sessions_started < 100
     assert sticky != run("sticky_cost", seed=2)
     spread = run("round_robin")
     assert sticky["requests"] > 0 and spread["requests"] > 0
