@@ -112,7 +112,7 @@ def _plots(results: Sequence[CellResult], out: Path) -> list[Path]:
 
     labels = [f"{r.policy}\n{r.strategy}\n{r.load}" for r in results]
     rows = [r.summary() for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.3 * len(results) * 3), 4.5))
+    fig, axes = plt.subplots(3, 1, figsize=(max(8, 0.9 * len(results)), 10))
     panels = (
         ("prefix_hit_rate", "prefix hit rate", 100.0),
         ("queue_p95_s", "queue time p95 (s)", 1.0),
