@@ -25,7 +25,7 @@ from gateway.report import print_report, write_plot
 from gateway.serve import serve
 from gateway.sessions_cli import sessions
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
-from offline.sim.cli import fit_command, simulate_command
+from offline.sim.cli import compare_command, fit_command, simulate_command
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
 DEFAULT_BUDGET = 32_000
@@ -228,3 +228,4 @@ main.add_command(sessions)
 main.add_command(keys)
 main.add_command(simulate_command)
 main.add_command(fit_command)
+main.add_command(compare_command)

@@ -14,6 +14,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gateway.config import GatewayConfig
+from gateway.fold.refold import FOLD_MODES
 from gateway.replay import ReplayConfig, request_count
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
 from offline.sim.cluster import CellResult, SimConfig, simulate
@@ -103,7 +105,19 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
 )
 @click.option("--strict", is_flag=True, help="Fail on a file that cannot be read as a trajectory.")
 @click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
-@click.option("--budget", type=click.IntRange(min=1), default=32_000, show_default=True)
+@click.option(
+    "--budget",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget, as the gateway's `budget` (cliff needs one) [default: none].",
+)
+@click.option(
+    "--fold",
+    type=click.Choice(FOLD_MODES),
+    default=GatewayConfig.fold,
+    show_default=True,
+    help="ReFold's fold mode, as the gateway's `fold` setting.",
+)
 @click.option("--k", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--jobs",
@@ -134,7 +148,8 @@ def simulate_command(
     share: str,
     strict: bool,
     tokenizer: str | None,
-    budget: int,
+    budget: int | None,
+    fold: str,
     k: int,
     jobs: int,
     out: Path,
@@ -204,6 +219,7 @@ def simulate_command(
                 chat,
                 replay_config,
                 share=share,
+                fold=fold,
                 on_request=lambda: progress.advance(render),
             )
         except ValueError as exc:
@@ -248,6 +264,7 @@ def simulate_command(
         "trajectories": len(_WORKLOAD.trajectories),
         "tokenizer": _WORKLOAD.tokenizer,
         "shared in cache": share,
+        "ReFold fold mode": fold,
         "wall time (s)": round(elapsed, 1),
     }
     argv = sys.argv[sys.argv.index("simulate") + 1 :] if "simulate" in sys.argv else sys.argv[1:]
@@ -366,3 +383,62 @@ def fit_command(
                 indent=1,
             )
         )
+
+
+@click.command("simulate-compare")
+@click.argument("experiment", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Folder the experiment's trajectory paths are relative to (its repository root).",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(COST_PRESETS)),
+    default="cpu-tiny",
+    show_default=True,
+    help="Cost model of the experiment's replicas (the KV pool comes from each cell).",
+)
+@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
+def compare_command(experiment: Path, root: Path, preset: str, tokenizer: str | None) -> None:
+    """Simulate every fixed-work cell of a Locust experiment and print simulated beside
+    measured: vLLM's prefix-hit rate, queue time p95, session-steps/min, prompt tokens.
+
+    EXPERIMENT is the folder `python -m loadtests.experiment --out` wrote (profile.json,
+    results.csv).
+    """
+    from offline.sim.compare import compare, markdown, read_experiment
+
+    console = Console(stderr=True)
+    settings, cells = read_experiment(experiment)
+    if not cells:
+        raise click.UsageError(f"{experiment}: no fixed-work gateway cells with results")
+    cost = get_preset(preset)
+    if int(settings.get("block_size", cost.block_size)) != cost.block_size:
+        raise click.UsageError(
+            f"the experiment's block size {settings['block_size']} is not {preset}'s "
+            f"{cost.block_size}"
+        )
+    from gateway.cli import load_paths  # the CLI module imports this one
+
+    paths = tuple(root / p for p in settings["trajectories"])
+    trajectories = load_paths(paths, strict=False, console=console)
+    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
+    cap = int(settings.get("max_tokens_cap") or 0)
+    workloads = {
+        strategy: build_workload(
+            trajectories,
+            chat,
+            ReplayConfig(
+                strategies=(strategy,),
+                block_size=cost.block_size,
+                budget=int(settings.get("budget") or 0) or None,
+            ),
+            max_steps=int(settings.get("max_steps") or 0) or None,
+            max_output_tokens=cap or 1 << 30,
+        )
+        for strategy in sorted({c.strategy for c in cells})
+    }
+    click.echo(markdown(compare(workloads, cells, settings, cost)))

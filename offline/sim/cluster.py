@@ -84,6 +84,7 @@ class SimConfig:
     scrape_interval_s: float = 2.0
     seed: int = 0
     sessions: int | None = None  # stop starting sessions after this many
+    shuffle: bool = True  # sessions take the trajectories in a seeded order, else as given
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -224,7 +225,7 @@ def simulate(
         sessions_started=0,
     )
 
-    order = session_order(workload, config.seed)
+    order = session_order(workload, config.seed, shuffle=config.shuffle)
 
     def start_session(now: float) -> None:
         nonlocal next_id, started
@@ -333,7 +334,9 @@ def simulate(
                 result.kv_time.append(now)
                 result.kv_mean.append(sum(usage) / len(usage))
                 result.kv_max.append(max(usage))
-            push(now + config.scrape_interval_s, _SCRAPE)
+            exhausted = config.sessions is not None and started >= config.sessions
+            if sessions or not exhausted:  # else the run is over: let the loop end
+                push(now + config.scrape_interval_s, _SCRAPE)
         elif kind == _ARRIVE:
             start_session(now)
             assert config.arrival_rate is not None
@@ -352,11 +355,13 @@ def simulate(
     return result
 
 
-def session_order(workload: Workload, seed: int) -> list[str]:
+def session_order(workload: Workload, seed: int, *, shuffle: bool = True) -> list[str]:
     """The trajectories sessions replay, in turn: every one equally often, in a seeded
-    order (session i replays ``order[i % len(order)]``)."""
+    order or as loaded (session i replays ``order[i % len(order)]``, as a Locust user i
+    does)."""
     order = list(workload.trajectories)
-    random.Random(seed).shuffle(order)
+    if shuffle:
+        random.Random(seed).shuffle(order)
     return order
 
 

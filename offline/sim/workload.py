@@ -22,15 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.config import GatewayConfig
+from gateway.fold import make_renderer as registry_renderer
 from gateway.fold.renderer import Renderer
 from gateway.prefix_cache import PrefixCache
-from gateway.replay import (
-    ReplayConfig,
-    TrajectoryLike,
-    build_renderers,
-    carries_fold_lines,
-    requests_of,
-)
+from gateway.replay import ReplayConfig, TrajectoryLike, requests_of
 from gateway.tokens import ChatTokenizer, SessionPrompts
 from gateway.transcript import Transcript
 
@@ -96,13 +92,22 @@ def build_workload(
     share: str = "head",
     max_output_tokens: int = 4096,
     keep_tokens: bool = False,
-    make_renderer: Callable[..., Renderer] | None = None,
+    max_steps: int | None = None,
+    fold: str = GatewayConfig.fold,
+    make_renderer: Callable[..., Renderer] = registry_renderer,
     on_request: Callable[[], None] | None = None,
 ) -> Workload:
     """Render and tokenize every request of every trajectory under every strategy.
 
     ``keep_tokens`` keeps each prompt's token ids too (to send them to a real replica);
-    ``max_output_tokens`` caps the recorded reply lengths the sessions generate.
+    ``max_output_tokens`` caps the recorded reply lengths the sessions generate;
+    ``max_steps`` keeps each session's first requests only.
+
+    Renderers are built as the gateway's pipeline builds them (``make_renderer(spec, k=,
+    budget=)``, ReFold in fold mode ``fold``, the gateway's default unless given), so a
+    simulated session is rendered as the gateway would render it. They render without KV
+    pressure (``RenderState.pressure``): one rendering per (trajectory, step, strategy)
+    serves every session, whatever the simulated replicas' load.
     """
     if share not in SHARE_MODES:
         raise ValueError(f"share must be one of {', '.join(SHARE_MODES)}, got {share!r}")
@@ -110,23 +115,28 @@ def build_workload(
     shared: dict[int, int] = {}
     runs: dict[tuple[str, str], Run] = {}
     names: list[str] = []
-    renderer_sets: dict[bool, dict[str, Renderer]] = {}
+    renderers = {
+        spec: make_renderer(
+            spec,
+            k=config.k,
+            budget=config.budget,
+            **({"fold": fold} if "refold" in spec.split("+") else {}),
+        )
+        for spec in config.strategies
+    }
     for trajectory in trajectories:
         names.append(trajectory.id)
-        fold = config.fold == "on" or (
-            config.fold == "auto" and carries_fold_lines(trajectory.transcript)
-        )
-        if fold not in renderer_sets:
-            renderer_sets[fold] = build_renderers(config, chat, make_renderer, fold=fold)
         replies = _reply_tokens(chat, trajectory.transcript)
-        for strategy, renderer in renderer_sets[fold].items():
+        for strategy, renderer in renderers.items():
             local: dict[int, int] = {}
             hasher = PrefixCache(block_size=bs)
             prompts = SessionPrompts(chat)
             cache = None
             steps = []
             requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
-            for request, reply in zip(requests, replies, strict=True):
+            for n, (request, reply) in enumerate(zip(requests, replies, strict=True)):
+                if max_steps is not None and n >= max_steps:
+                    break
                 rendered = renderer.render(request, None, cache)
                 cache = rendered.cache
                 ids = prompts.prompt_ids(rendered.transcript)

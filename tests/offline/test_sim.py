@@ -245,3 +245,32 @@ def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
     assert fit_coefficients(phases) == pytest.approx(truth, rel=1e-6)
     # A 6000-token prompt under a 2048-token budget is 3 chunks attending 2048, 4096, 6000.
     assert prefill_phase(6000, 2048, 1.0).features == [3, 6000, 0, 12144]
+
+
+def test_simulate_compare_reads_a_locust_experiment(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    traj = trajectory_file(tmp_path / "logs")
+    cells = [
+        {"cell": "base_sticky_u2", "arm": "gateway", "strategy": "base", "routing": "sticky",
+         "users": 2, "kv_cache_bytes": 10485760, "server": "uvicorn", "load": "sessions"},
+        {"cell": "no-gw", "arm": "no_gateway", "strategy": "-", "routing": "round_robin",
+         "users": 0, "kv_cache_bytes": 10485760, "server": "-", "load": "steps"},
+    ]  # fmt: skip
+    settings = {"trajectories": [str(traj)], "replicas": 1, "max_steps": 3, "block_size": 32,
+                "think_time": "0", "max_tokens_cap": 8, "budget": 0}  # fmt: skip
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "profile.json").write_text(json.dumps({"settings": settings, "cells": cells}))
+    columns = ["cell", "vllm_prefix_hit_rate", "vllm_queue_time_p95_s",
+               "session_steps_per_min", "vllm_prompt_tokens"]  # fmt: skip
+    (exp / "results.csv").write_text(
+        ",".join(columns) + "\nbase_sticky_u2,0.5,0.1,10,1000\nno-gw,0.4,0.1,9,900\n"
+    )
+    result = CliRunner().invoke(
+        main, ["simulate-compare", str(exp), "--root", str(tmp_path), "--tokenizer", "estimate"]
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
+    assert "| 50.0% |" in row  # measured, beside the simulated figures
+    assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
+    assert "prefix hit within 5 points:" in result.output
