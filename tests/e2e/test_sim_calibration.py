@@ -88,7 +88,7 @@ def test_simulated_prefix_hits_match_a_real_replica(vllm_replicas: list[str]) ->
                 warmup_s=0,
             ),
         )
-        assert measured.requests == simulated.requests == 3 * 6
+        assert measured.requests == simulated.requests == 3 * 7  # 6 tool steps and the end
         # Both count each request's prompt tokens once (nothing was preempted).
         assert simulated.preemptions == 0
         assert measured.prefix_queries == simulated.prefix_queries
