@@ -21,8 +21,10 @@ import json
 import math
 import random
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -101,10 +103,16 @@ def fitted(base: CostModel, coefficients: Sequence[float], name: str | None = No
 
 
 async def _stream(
-    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    cache_salt: str | None = None,
 ) -> list[float]:
-    """Send a completion of token ids; the arrival time of every streamed token."""
-    body = {
+    """Send a completion of token ids; the arrival time of every streamed token.
+    ``cache_salt`` (vLLM's) keeps the request's cached blocks apart from other salts'."""
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -113,6 +121,8 @@ async def _stream(
         "temperature": 0,
         "stream": True,
     }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     times: list[float] = []
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         resp.raise_for_status()
@@ -193,7 +203,11 @@ async def replay_on_replica(
     seed: int = 0,
 ) -> MeasuredCell:
     """Run the sessions the simulator would run (``SimConfig(sessions=..., concurrency=...,
-    think_s=0, seed=...)``) against one real replica; the replica's prefix counters."""
+    think_s=0, seed=...)``) against one real replica; the replica's prefix counters.
+
+    The cell's requests carry a fresh ``cache_salt``, so like the simulated cell it starts
+    from a cold cache: blocks an earlier cell left on the replica do not count."""
+    salt = uuid.uuid4().hex
     if workload.share != "all" or any(
         st.tokens is None for r in workload.runs.values() for st in r.steps
     ):
@@ -214,7 +228,7 @@ async def replay_on_replica(
             run = workload.runs[(order[s % len(order)], strategy)]
             for step in run.steps:
                 assert step.tokens is not None
-                await _stream(client, url, model, step.tokens.tolist(), step.output_tokens)
+                await _stream(client, url, model, step.tokens.tolist(), step.output_tokens, salt)
                 requests += 1
 
     timeout = aiohttp.ClientTimeout(total=3600)
