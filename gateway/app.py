@@ -29,7 +29,7 @@ from gateway.quotas import Lease, QuotaExceeded
 from gateway.sessions_api import sessions_router
 from gateway.tenants import check_key_hashes
 from gateway.upstream import UpstreamClient, UpstreamError
-from router import NoHealthyReplica, ReplicaPool, make_policy
+from router import NoHealthyReplica, ReplicaPool, get_preset, make_policy
 from store import SessionTooLarge, StoreUnavailable, open_store
 
 log = logging.getLogger("foldgate")
@@ -65,6 +65,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             assignments=store,
             ttl_s=config.assignment_ttl_s,
             rehome_margin=config.rehome_margin,
+            cost=get_preset(config.cost_model),
         )
         state["pipeline"] = Pipeline(config, store, pool, policy, upstream)
         try:

@@ -25,6 +25,7 @@ from gateway.report import print_report, write_plot
 from gateway.serve import serve
 from gateway.sessions_cli import sessions
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from offline.sim.cli import compare_command, fit_command, simulate_command
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
 DEFAULT_BUDGET = 32_000
@@ -43,9 +44,17 @@ def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tup
     return names
 
 
-def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
+def load_paths(paths: tuple[Path, ...], *, strict: bool, console: Console) -> list[Trajectory]:
+    """Load trajectories for a command: a bad file is reported and skipped, or with
+    ``strict`` ends the command."""
+
+    def skip(exc: TrajectoryFormatError) -> None:
+        console.print(
+            f"skipped {exc}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
+
     try:
-        trajectories = load_trajectories(*paths)
+        trajectories = load_trajectories(*paths, on_error=None if strict else skip)
     except TrajectoryFormatError as exc:
         raise click.UsageError(str(exc)) from exc
     if not trajectories:
@@ -121,6 +130,12 @@ def _load(paths: tuple[Path, ...]) -> list[Trajectory]:
     "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail on the first file that cannot be read as a trajectory (default: report it "
+    "and go on with the others).",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -145,6 +160,7 @@ def replay_command(
     kv_bytes_per_token: int | None,
     model: str,
     fold: str,
+    strict: bool,
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
@@ -186,7 +202,7 @@ def replay_command(
         build_renderers(config, chat)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--strategy") from exc
-    trajectories = _load(paths)
+    trajectories = load_paths(paths, strict=strict, console=console)
     total = sum(request_count(t.transcript) for t in trajectories) * len(strategies)
     started = time.perf_counter()
     columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -210,6 +226,9 @@ def replay_command(
 main.add_command(serve)
 main.add_command(sessions)
 main.add_command(keys)
+main.add_command(simulate_command)
+main.add_command(fit_command)
+main.add_command(compare_command)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ class GatewayConfig:
     max_attempts: int = 3
     assignment_ttl_s: float = 3600.0
     rehome_margin: float = 8.0
+    cost_model: str = "h200-qwen3.6-27b"
+    """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""

@@ -36,7 +36,7 @@ from gateway.request_cache import DecodeCache, Decoded, MessageMemo, continued, 
 from gateway.tenants import Tenants, salt_secret
 from gateway.transcript import Message, Text, Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
-from router import ReplicaPool, RoutingPolicy, with_failover
+from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
 from router.replica import Replica
 from store import NotFound, StoreUnavailable
 
@@ -335,8 +335,11 @@ class Pipeline:
             if len(served) == 1:
                 self.upstream_model = served[0]["id"]
 
-    async def open(self, prepared: Prepared, body: dict[str, Any]) -> tuple[Replica, ChatStream]:
-        """Route and open the upstream stream, failing over before the first chunk."""
+    async def open(
+        self, prepared: Prepared, body: dict[str, Any], hints: RouteHints | None = None
+    ) -> tuple[Replica, ChatStream]:
+        """Route and open the upstream stream, failing over before the first chunk.
+        ``hints`` (the rendered prompt's size) let a cost-aware policy price a move."""
 
         async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
             try:
@@ -352,6 +355,7 @@ class Pipeline:
             prepared.session,
             attempt,
             max_attempts=self.config.max_attempts,
+            hints=hints,
         )
 
     async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
@@ -365,10 +369,13 @@ class Pipeline:
         await self.guard.learn(self.upstream_model)
         rendered, tokens = self.render(prepared)
         body = self.upstream_body(prepared, rendered)
+        hints = RouteHints(
+            prompt_tokens=tokens, cached_prefix_tokens=await self._cached_prefix(prepared)
+        )
         if prepared.received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - prepared.received)
         try:
-            replica, stream = await self.open(prepared, body)
+            replica, stream = await self.open(prepared, body, hints)
         except UpstreamError as exc:
             if not _context_too_long(exc):
                 raise
@@ -484,6 +491,17 @@ class Pipeline:
                 parts.append(f"restore {spec} failed: {exc}")
         return "\n\n".join(parts)
 
+    async def _cached_prefix(self, prepared: Prepared) -> int | None:
+        """The session's last prompt from its accounting, for a policy that prices moves
+        with it (one store read); None otherwise or before the session's first reply."""
+        if not self.policy.uses_cached_prefix:
+            return None
+        try:
+            counts = await self.store.get_counts(prepared.tenant, prepared.session, prepared.branch)
+        except NotFound:
+            return None
+        return counts.get("last_prompt_tokens")
+
     async def _account(
         self, prepared: Prepared, replica: Replica, usage: list[dict[str, Any]], restores: int
     ) -> None:
@@ -523,10 +541,18 @@ class Pipeline:
         # The request's own token: a write retried after a lost reply adds nothing, while
         # concurrent identical requests each add theirs.
         token = uuid.uuid4().hex
+        # What the replica holds of this session now, its last prompt: the cached-prefix
+        # estimate routing prices the session's next move with.
+        latest = {"last_prompt_tokens": int(usage[-1].get("prompt_tokens", 0))} if usage else None
         for attempt in range(ACCOUNT_ATTEMPTS):
             try:
                 await self.store.add_counts(
-                    prepared.tenant, prepared.session, prepared.branch, counts, token=token
+                    prepared.tenant,
+                    prepared.session,
+                    prepared.branch,
+                    counts,
+                    token=token,
+                    latest=latest,
                 )
                 await self.quotas.record_upstream(prepared.tenant, prompt)
                 break

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from gateway.config import GatewayConfig
+from router import POLICY_NAMES
 
 DEFAULT_PORT = 8080
 
@@ -49,7 +50,7 @@ DEFAULT_PORT = 8080
 )
 @click.option(
     "--policy",
-    type=click.Choice(["sticky", "round_robin", "least_loaded"]),
+    type=click.Choice(POLICY_NAMES),
     help="How sessions are routed to replicas.",
 )
 @click.option("--budget", type=int, help="Token budget for cliff (and refold+cliff).")

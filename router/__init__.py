@@ -1,13 +1,18 @@
 """Router: replica pool, health checks, vLLM metrics scraping, routing policies, failover."""
 
 from router.assignments import AssignmentStore
+from router.cost import PRESETS as COST_PRESETS
+from router.cost import CostModel, get_preset
 from router.failover import UpstreamFailed, with_failover
 from router.metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.policies import (
+    POLICY_NAMES,
+    CostAwareStickyPolicy,
     Decision,
     LeastLoadedPolicy,
     NoHealthyReplica,
     RoundRobinPolicy,
+    RouteHints,
     RoutingPolicy,
     StickyPolicy,
     make_policy,
@@ -16,7 +21,11 @@ from router.pool import ReplicaPool
 from router.replica import Replica
 
 __all__ = [
+    "COST_PRESETS",
+    "POLICY_NAMES",
     "AssignmentStore",
+    "CostAwareStickyPolicy",
+    "CostModel",
     "Decision",
     "LeastLoadedPolicy",
     "MetricsParseError",
@@ -25,9 +34,11 @@ __all__ = [
     "ReplicaMetrics",
     "ReplicaPool",
     "RoundRobinPolicy",
+    "RouteHints",
     "RoutingPolicy",
     "StickyPolicy",
     "UpstreamFailed",
+    "get_preset",
     "make_policy",
     "parse_vllm_metrics",
     "with_failover",

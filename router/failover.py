@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from router.policies import NoHealthyReplica, RoutingPolicy
+from router.policies import NoHealthyReplica, RouteHints, RoutingPolicy
 from router.pool import ReplicaPool
 from router.replica import Replica
 from router.telemetry import FAILOVER_RETRIES
@@ -38,12 +38,14 @@ async def with_failover(
     attempt: Callable[[Replica], Awaitable[T]],
     *,
     max_attempts: int = 3,
+    hints: RouteHints | None = None,
 ) -> T:
     """Route and run `attempt`, retrying retryable failures on replicas not yet tried.
 
     The replica's in-flight count covers the whole attempt, so the attempt should finish
     streaming before it returns. Every failure is reported to the pool. Raises the last
     `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
+    ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -51,7 +53,7 @@ async def with_failover(
     last: UpstreamFailed | None = None
     for _ in range(max_attempts):
         try:
-            decision = await policy.choose(tenant, session, pool, exclude=tried)
+            decision = await policy.choose(tenant, session, pool, exclude=tried, hints=hints)
         except NoHealthyReplica:
             if last is None:
                 raise

@@ -67,3 +67,17 @@ def test_not_a_trajectory(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["replay", str(bad), "--strategy", "base"])
     assert result.exit_code == 2
     assert "x.jsonl" in result.output
+
+
+def test_a_bad_file_among_good_ones_is_skipped_unless_strict(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "good.jsonl").write_text(EXAMPLE.read_text())
+    (logs / "broken.jsonl").write_text("{not json\n")
+    args = ["replay", str(logs), "--strategy", "base", "--tokenizer", "estimate"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output and "broken.jsonl:1: malformed JSON line" in result.output
+    strict = CliRunner().invoke(main, [*args, "--strict"])
+    assert strict.exit_code == 2
+    assert "broken.jsonl:1: malformed JSON line" in strict.output

@@ -73,8 +73,7 @@ def test_evicting_a_parent_makes_descendants_unreachable() -> None:
     assert cache.request(ids(7)).cached_tokens == 4
     cache2 = PrefixCache(block_size=2, capacity_blocks=3)
     cache2.request(ids(7))
-    cache2._blocks.move_to_end(root, last=False)  # force the root to be least recent
-    cache2._blocks.popitem(last=False)
+    cache2.evict(root)  # as if the root alone had become least recent
     assert len(cache2) == 2
     assert cache2.request(ids(7)).cached_tokens == 0  # children resident but unreachable
 

@@ -4,7 +4,14 @@
 its content; ``detect_format(path)`` says which format a file is in.
 """
 
-from gateway.importers.base import Trajectory, TrajectoryFormatError
+from gateway.importers.base import Trajectory, TrajectoryFormatError, TrajectoryWarning
 from gateway.importers.detect import LOADERS, detect_format, load_trajectories
 
-__all__ = ["LOADERS", "Trajectory", "TrajectoryFormatError", "detect_format", "load_trajectories"]
+__all__ = [
+    "LOADERS",
+    "Trajectory",
+    "TrajectoryFormatError",
+    "TrajectoryWarning",
+    "detect_format",
+    "load_trajectories",
+]

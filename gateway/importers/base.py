@@ -29,6 +29,10 @@ class TrajectoryFormatError(ValueError):
         self.line = line
 
 
+class TrajectoryWarning(UserWarning):
+    """A trajectory loaded, but something in its file is inconsistent (named in the text)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Trajectory:
     """One recorded agent run as the neutral transcript.

@@ -37,6 +37,8 @@ def detect_format(path: str | Path) -> str:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise TrajectoryFormatError(path, f"not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise TrajectoryFormatError(path, f"cannot be read: {exc.strerror or exc}") from exc
     if not text.strip():
         raise TrajectoryFormatError(path, "empty file")
     try:
@@ -54,8 +56,15 @@ def detect_format(path: str | Path) -> str:
     return fmt
 
 
-def load_trajectories(*paths: str | Path) -> list[Trajectory]:
-    """Every trajectory in the given files and folders (folders searched recursively)."""
+def load_trajectories(
+    *paths: str | Path, on_error: Callable[[TrajectoryFormatError], None] | None = None
+) -> list[Trajectory]:
+    """Every trajectory in the given files and folders (folders searched recursively).
+
+    A file that cannot be read or parsed raises its ``TrajectoryFormatError``; with
+    ``on_error`` it is handed to that callback instead and skipped, so one bad log in a
+    folder does not stop a run over the rest.
+    """
     out: list[Trajectory] = []
     for p in paths:
         p = Path(p)
@@ -68,7 +77,12 @@ def load_trajectories(*paths: str | Path) -> list[Trajectory]:
         else:
             files = [p]
         for f in files:
-            out.extend(LOADERS[detect_format(f)](f))
+            try:
+                out.extend(LOADERS[detect_format(f)](f))
+            except TrajectoryFormatError as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
     return out
 
 

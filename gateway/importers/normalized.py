@@ -1,16 +1,18 @@
 """Normalized JSONL: one run per line, OpenAI chat messages plus ``format`` and indices.
 
-The record's own ``observation_indices`` are checked against the transcript's, so a file
-whose messages and indices disagree is rejected instead of replayed with the wrong steps.
+The record's own ``observation_indices`` are checked against the transcript's. When they
+disagree the messages win (they are what the model saw; the indices are derived data) and
+a ``TrajectoryWarning`` names the file and line, so a hand-edited or stale file still loads.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import FORMATS, Trajectory, read_jsonl, require
+from gateway.importers.base import FORMATS, Trajectory, TrajectoryWarning, read_jsonl, require
 from gateway.importers.chat import decode_chat_messages
 from gateway.transcript import Transcript, observation_indices
 
@@ -33,12 +35,13 @@ def _record(path: Path, line: int, rec: Any) -> Trajectory:
     messages = decode_chat_messages(rec["messages"], path, line)
     found = observation_indices(messages)
     given = rec.get("observation_indices")
-    require(
-        given is None or list(given) == found,
-        path,
-        f"observation_indices {given} do not match the messages' observations {found}",
-        line,
-    )
+    if given is not None and list(given) != found:
+        warnings.warn(
+            f"{path}:{line}: observation_indices {given} do not match the messages' "
+            f"observations {found}; using the messages'",
+            TrajectoryWarning,
+            stacklevel=2,
+        )
     compactions = tuple(rec.get("compaction_indices") or ())
     require(
         all(isinstance(i, int) and 0 <= i <= len(messages) for i in compactions),

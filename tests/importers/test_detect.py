@@ -82,3 +82,22 @@ def test_folders_are_searched_recursively_for_log_files(tmp_path: Path) -> None:
     (tmp_path / "runs" / ".hidden.json").write_text("{}", encoding="utf-8")
     ids = [t.id for t in load_trajectories(tmp_path / "runs", tmp_path / "cc" / "s.jsonl")]
     assert ids == ["swe-agent__x", "n1", "claude-code__s"]
+
+
+def test_a_bad_file_is_reported_and_skipped_when_asked(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "logs" / "good.jsonl", [NORM])
+    (tmp_path / "logs" / "broken.jsonl").write_text("{not json\n")
+    (tmp_path / "logs" / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TrajectoryFormatError, match=r"binary\.json"):
+        load_trajectories(tmp_path / "logs")  # the default: fail on the first bad file
+    seen: list[TrajectoryFormatError] = []
+    loaded = load_trajectories(tmp_path / "logs", on_error=seen.append)
+    assert [t.id for t in loaded] == ["n1"]
+    assert sorted(e.path.name for e in seen) == ["binary.json", "broken.jsonl"]
+
+
+def test_an_unreadable_file_is_a_format_error_naming_it(tmp_path: Path) -> None:
+    folder = tmp_path / "dir.jsonl"  # named like a log, but not a file
+    folder.mkdir()
+    with pytest.raises(TrajectoryFormatError, match=r"dir\.jsonl: no such file"):
+        detect_format(folder)

@@ -96,3 +96,104 @@ def test_a_line_that_is_not_a_run_is_rejected(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "o.jsonl", [run_record([TASK]), {"history": "nope"}])
     with pytest.raises(TrajectoryFormatError, match=r"o\.jsonl:2: not an OpenHands run"):
         load_trajectories(path)
+
+
+def fc_action(action: str, args: dict, call_id: str, function: str, response: str, sent: str):
+    """A current (function-calling) OpenHands action event, as its output.jsonl logs it."""
+    return {
+        "id": len(call_id),
+        "source": "agent",
+        "action": action,
+        "args": args,
+        "tool_call_metadata": {
+            "function_name": function,
+            "tool_call_id": call_id,
+            "model_response": {
+                "id": response,
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "tool_calls": [
+                                {"id": call_id, "function": {"name": function, "arguments": sent}}
+                            ],
+                        }
+                    }
+                ],
+            },
+            "total_calls_in_response": 1,
+        },
+    }
+
+
+def fc_observation(observation: str, content: str, call_id: str, function: str) -> dict:
+    return {
+        "source": "agent",
+        "observation": observation,
+        "content": content,
+        "extras": {},
+        "tool_call_metadata": {"function_name": function, "tool_call_id": call_id},
+    }
+
+
+def test_current_function_calling_output_loads_as_tool_calls(tmp_path: Path) -> None:
+    task = {"source": "user", "action": "message", "args": {"content": "Fix the bug."}}
+    read = fc_action(
+        "read",
+        {"path": "/w/a.py", "thought": "Look at a.py.", "impl_source": "oh_aci"},
+        "call_1",
+        "str_replace_editor",
+        "resp-1",
+        '{"command": "view", "path": "/w/a.py"}',
+    )
+    edit = fc_action(
+        "edit",
+        {
+            "path": "/w/a.py",
+            "command": "str_replace",
+            "old_str": "x",
+            "new_str": "y",
+            "thought": "",
+        },
+        "call_2",
+        "str_replace_editor",
+        "resp-2",
+        '{"command": "str_replace", "path": "/w/a.py", "old_str": "x", "new_str": "y"}',
+    )
+    # Two calls of one model response: one assistant turn. The second was not logged in
+    # the response, so its arguments come from the event.
+    run_a = fc_action(
+        "run", {"command": "ls", "thought": "Check."}, "call_3", "bash", "resp-3", "{}"
+    )
+    run_b = fc_action("run", {"command": "pwd", "thought": ""}, "call_4", "bash", "resp-3", "{}")
+    run_b["tool_call_metadata"]["model_response"]["choices"][0]["message"]["tool_calls"] = []
+    history = [
+        task,
+        read,
+        fc_observation("read", "1\tx = 1", "call_1", "str_replace_editor"),
+        edit,
+        fc_observation("error", "No replacement was performed.", "call_2", "str_replace_editor"),
+        run_a,
+        run_b,
+        fc_observation("run", "a.py", "call_3", "bash"),
+        fc_observation("run", "/w", "call_4", "bash"),
+        {"source": "agent", "action": "finish", "args": {"final_thought": "Done."}},
+    ]
+    (t,) = load_trajectories(write_jsonl(tmp_path / "output.jsonl", [run_record(history)]))
+    assert t.fmt == "native_tool_calls"
+    msgs = t.transcript.messages
+    assert [m.role for m in msgs] == [
+        "user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "tool", "assistant"
+    ]  # fmt: skip
+    assert msgs[1].text == "Look at a.py."
+    (call,) = msgs[1].tool_calls
+    assert (call.id, call.name, call.arguments) == (
+        "call_1",
+        "str_replace_editor",
+        '{"command": "view", "path": "/w/a.py"}',
+    )
+    assert msgs[4].is_error and msgs[4].tool_call_id == "call_2"
+    assert [c.id for c in msgs[5].tool_calls] == ["call_3", "call_4"]
+    assert msgs[5].tool_calls[1].arguments == '{"command": "pwd"}'
+    assert msgs[8].text == "Done."
+    assert observation_indices(msgs) == [2, 4, 6, 7]

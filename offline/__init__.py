@@ -1,0 +1,1 @@
+"""Offline evaluation: what runs without a live gateway or replica (the cluster simulator)."""

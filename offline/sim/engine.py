@@ -1,0 +1,266 @@
+"""One replica as vLLM v1 schedules it, stepped by the cluster's event loop.
+
+Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
+``vllm/v1/core/kv_cache_manager.py`` / ``block_pool.py``:
+
+- Each step has a token budget (``max_num_batched_tokens``). RUNNING requests are served
+  first, in order: a prefill (new, resumed or partly done) gets as many of its remaining
+  tokens as the budget allows (chunked prefill), a decoding request one token.
+- A running request whose new blocks do not fit preempts the *last* running request
+  (FCFS), by recompute: its blocks are freed (they stay cached until evicted), it goes back
+  to the front of WAITING with nothing computed, and is re-prefilled later, usually from
+  its own cached blocks. If it is itself the last, it preempts itself.
+- WAITING requests are admitted only in steps that preempted nothing, in order, while the
+  budget lasts and fewer than ``max_num_seqs`` run. Admission looks up the longest cached
+  prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
+  hit as vLLM's ``prefix_cache_queries``/``hits`` counters do, and stops at the first
+  request whose blocks do not fit (head of line).
+- The step's duration comes from the cost model. A prefill that completes samples the first
+  token in the same step; every decode step adds one token; a request ends after its output.
+
+Between arrivals a replica with only decoding requests and nothing waiting runs many
+identical steps; they are taken as one jump, cut short when a request arrives (it waits at
+most for the step in progress, as in the engine).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gateway.prefix_cache import BlockPool
+from router.cost import CostModel
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    session: int
+    replica: int
+    ids: np.ndarray  # ids of the full prompt blocks
+    prompt_tokens: int
+    output_tokens: int
+    arrival: float
+    computed: int = 0
+    output_done: int = 0
+    held: int = 0  # ids[:held] are referenced
+    anonymous: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    cached_tokens: int | None = None  # prefix hit at first admission
+    preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.output_done
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The step in progress: what it computes, when it started, how many steps it stands for."""
+
+    scheduled: list[tuple[SimRequest, int]]
+    start: float
+    step_s: float
+    repeat: int = 1
+
+
+@dataclass(slots=True)
+class SimReplica:
+    index: int
+    cost: CostModel
+    pool: BlockPool
+    waiting: deque[SimRequest] = field(default_factory=deque)
+    running: list[SimRequest] = field(default_factory=list)
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+    pending: _Pending | None = None
+    version: int = 0  # bumps when the pending step's end moves
+
+    @classmethod
+    def create(cls, index: int, cost: CostModel) -> SimReplica:
+        return cls(index, cost, BlockPool(cost.kv_pool_blocks))
+
+    @property
+    def busy(self) -> bool:
+        return self.pending is not None
+
+    def add(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+
+    def interrupt(self, now: float) -> float | None:
+        """A request arrived: cut a decode jump at the step in progress. Returns the new end
+        time when it moved, else None."""
+        p = self.pending
+        if p is None or p.repeat == 1:
+            return None
+        done = min(p.repeat, max(1, math.ceil((now - p.start) / p.step_s - 1e-9)))
+        if done == p.repeat:
+            return None
+        p.repeat = done
+        self.version += 1
+        return p.start + done * p.step_s
+
+    # --- one step -------------------------------------------------------------------
+
+    def start_step(self, now: float) -> float | None:
+        """Schedule the next step; returns its end time, or None when there is no work."""
+        jump = self._decode_jump(now)
+        if jump is not None:
+            return jump
+        bs = self.cost.block_size
+        budget = self.cost.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.computed, budget)
+            itself = False
+            # Most steps of a decoding request need no new block: skip the allocator then.
+            fits = -(-(req.computed + n) // bs) <= req.held + req.anonymous
+            while not fits and not self._allocate(req, req.computed + n, bs):
+                victim = self.running.pop()  # the last one: FCFS
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    itself = True
+                    break
+            if itself:
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.cost.max_num_seqs:
+                req = self.waiting[0]
+                hit = 0
+                if req.computed == 0:
+                    limit = min(len(req.ids), (req.num_tokens - 1) // bs)
+                    hit = self.pool.hits(req.ids, limit) * bs
+                n = min(req.num_tokens - req.computed - hit, budget)
+                if not self._allocate(req, req.computed + hit + n, bs):
+                    break
+                if req.computed == 0:
+                    self.stats.prefix_queries += req.num_tokens
+                    self.stats.prefix_hits += hit
+                    if req.cached_tokens is None:
+                        req.cached_tokens = hit
+                    req.computed = hit
+                self.waiting.popleft()
+                self.running.append(req)
+                scheduled.append((req, n))
+                budget -= n
+        if not scheduled:
+            return None
+        decode = sum(1 for r, n in scheduled if n == 1 and r.output_done > 0)
+        prefill = sum(n for _, n in scheduled) - decode
+        attended = sum(r.computed + n for r, n in scheduled)
+        step_s = self.cost.step_s(prefill, decode, attended)
+        for r, _ in scheduled:
+            if r.first_scheduled is None:
+                r.first_scheduled = now
+        self.pending = _Pending(scheduled, now, step_s)
+        self.version += 1
+        return now + step_s
+
+    def _decode_jump(self, now: float) -> float | None:
+        """Many decode-only steps at once, when nothing waits and every running request
+        decodes: until the first of them finishes."""
+        if self.waiting or len(self.running) < 1:
+            return None
+        if any(r.num_tokens - r.computed != 1 for r in self.running):
+            return None
+        repeat = min(r.output_tokens - r.output_done for r in self.running)
+        if repeat < 2:
+            return None
+        bs = self.cost.block_size
+        extra = sum(
+            math.ceil((r.computed + repeat) / bs) - math.ceil((r.computed + 1) / bs)
+            for r in self.running
+        )
+        for r in self.running:
+            fits = -(-(r.computed + 1) // bs) <= r.held + r.anonymous
+            if not fits and not self._allocate(r, r.computed + 1, bs):
+                return None
+        if extra > self.pool.free:
+            return None
+        n = len(self.running)
+        attended = sum(r.computed for r in self.running) + n * (repeat + 1) // 2
+        step_s = self.cost.step_s(0, n, attended)
+        self.pending = _Pending([(r, 1) for r in self.running], now, step_s, repeat)
+        self.version += 1
+        return now + repeat * step_s
+
+    def finish_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Apply the step in progress; returns (requests that got their first token,
+        requests that finished)."""
+        p = self.pending
+        assert p is not None
+        self.pending = None
+        self.stats.steps += p.repeat
+        self.stats.busy_s += p.repeat * p.step_s
+        bs = self.cost.block_size
+        first: list[SimRequest] = []
+        done: list[SimRequest] = []
+        # Preemption happens only while a step is planned, and takes the last running
+        # requests, never one already scheduled: every scheduled request is still running.
+        for req, n in p.scheduled:
+            req.computed += n * p.repeat
+            if req.computed >= req.num_tokens:
+                req.output_done += p.repeat
+                if req.first_token is None:
+                    req.first_token = now
+                    first.append(req)
+                if req.output_done >= req.output_tokens:
+                    req.finished = now
+                    done.append(req)
+            if p.repeat > 1 and -(-req.computed // bs) > req.held + req.anonymous:
+                # The jump checked these blocks fit; nothing else allocated since.
+                self._allocate(req, req.computed, bs)
+        for req in done:
+            self.running.remove(req)
+            self._free(req)
+        return first, done
+
+    # --- blocks ---------------------------------------------------------------------
+
+    def _allocate(self, req: SimRequest, tokens: int, bs: int) -> bool:
+        """Hold the blocks ``tokens`` of ``req`` need (full prompt blocks by their ids)."""
+        hashed = min(len(req.ids), tokens // bs)
+        anonymous = math.ceil(tokens / bs) - hashed
+        if hashed <= req.held and anonymous <= req.anonymous:
+            return True
+        if hashed > req.held:
+            if not self.pool.acquire(req.ids[req.held : hashed], anonymous - req.anonymous):
+                return False
+            req.held = hashed
+        elif not self.pool.acquire(_NO_IDS, anonymous - req.anonymous):
+            return False
+        req.anonymous = anonymous
+        return True
+
+    def _free(self, req: SimRequest) -> None:
+        self.pool.release(req.ids[: req.held], req.anonymous)
+        req.held = 0
+        req.anonymous = 0
+
+    def _preempt(self, req: SimRequest) -> None:
+        self._free(req)
+        req.computed = 0
+        req.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)

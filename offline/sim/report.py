@@ -1,0 +1,129 @@
+"""The simulator's outputs, in the columns the Locust experiments report: a CSV row and a
+JSON record per cell, a markdown table, and plots (KV usage over time; hit rate, p95 queue
+time and throughput per cell)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from offline.sim.cluster import CellResult
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("strategy", "strategy"),
+    ("load", "load"),
+    ("requests", "requests"),
+    ("prefix_hit_rate", "prefix hit"),
+    ("queue_mean_s", "queue mean s"),
+    ("queue_p95_s", "queue p95 s"),
+    ("ttft_mean_s", "TTFT mean s"),
+    ("ttft_p95_s", "TTFT p95 s"),
+    ("session_steps_per_min", "steps/min"),
+    ("preemptions", "preemptions"),
+    ("moves", "moves"),
+    ("kv_usage_mean", "KV mean"),
+    ("kv_usage_max", "KV max"),
+)
+
+
+def _cell(key: str, value: Any) -> str:
+    if key == "prefix_hit_rate" or key.startswith("kv_usage"):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if key.endswith("_s") else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = "| " + " | ".join(label for _, label in COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    body = ["| " + " | ".join(_cell(k, r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, rule, *body])
+
+
+def write_outputs(
+    results: Sequence[CellResult], out: Path, setup: Mapping[str, Any], command: str
+) -> list[Path]:
+    """Write results.csv, results.json, report.md and plots into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r.summary() for r in results]
+    written = []
+    csv_path = out / "results.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k, _ in COLUMNS])
+        writer.writeheader()
+        writer.writerows(rows)
+    written.append(csv_path)
+    json_path = out / "results.json"
+    json_path.write_text(
+        json.dumps(
+            {
+                "setup": dict(setup),
+                "command": command,
+                "cells": [
+                    {**row, "kv_series": {"t": r.kv_time, "mean": r.kv_mean, "max": r.kv_max}}
+                    for row, r in zip(rows, results, strict=True)
+                ],
+            },
+            indent=1,
+        )
+    )
+    written.append(json_path)
+    md_path = out / "report.md"
+    setup_lines = "\n".join(f"- {k}: {v}" for k, v in setup.items())
+    md_path.write_text(
+        f"# foldgate simulate\n\n```\n{command}\n```\n\n{setup_lines}\n\n"
+        f"{markdown_table(rows)}\n\n"
+        "Prefix hit: the replicas' prefix-cache hits over queries in tokens, as vLLM counts "
+        "them (a preempted request is queried again when it resumes). Queue: arrival at the "
+        "replica to first scheduled step. TTFT: arrival to first token. Steps/min: requests "
+        "completed per simulated minute after warm-up. Moves: sessions re-homed by the "
+        "policy. KV: the replicas' KV usage (cached unreferenced blocks count free), mean "
+        "over replicas and scrapes, and the highest one seen.\n\n"
+        "![KV usage](kv_usage.png)\n\n![cells](cells.png)\n"
+    )
+    written.append(md_path)
+    written.extend(_plots(results, out))
+    return written
+
+
+def _plots(results: Sequence[CellResult], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for r in results:
+        ax.plot(r.kv_time, [100 * u for u in r.kv_mean], label=f"{r.policy}/{r.strategy}/{r.load}")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("KV usage, mean over replicas (%)")
+    ax.legend(fontsize=7)
+    kv_path = out / "kv_usage.png"
+    fig.tight_layout()
+    fig.savefig(kv_path, dpi=110)
+    plt.close(fig)
+
+    labels = [f"{r.policy}\n{r.strategy}\n{r.load}" for r in results]
+    rows = [r.summary() for r in results]
+    fig, axes = plt.subplots(3, 1, figsize=(max(8, 0.9 * len(results)), 10))
+    panels = (
+        ("prefix_hit_rate", "prefix hit rate", 100.0),
+        ("queue_p95_s", "queue time p95 (s)", 1.0),
+        ("session_steps_per_min", "session-steps / min", 1.0),
+    )
+    for ax, (key, title, scale) in zip(axes, panels, strict=True):
+        ax.bar(range(len(rows)), [scale * row[key] for row in rows])
+        ax.set_xticks(range(len(rows)), labels, fontsize=6)
+        ax.set_title(title)
+    cells_path = out / "cells.png"
+    fig.tight_layout()
+    fig.savefig(cells_path, dpi=110)
+    plt.close(fig)
+    return [kv_path, cells_path]

