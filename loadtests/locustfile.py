@@ -237,7 +237,7 @@ class AgentSession(FastHttpUser):
             if getattr(resp, "error", None) is not None and not status:
                 problem = f"connection failed: {resp.error}"
             elif status != 200:
-                body = b"".join(resp.iter_content(chunk_size=65536, decode_content=False))
+                body = resp.content or str(getattr(resp, "error", "")).encode()
                 problem = f"HTTP {status}: {body[:2000].decode('utf-8', 'replace')}"
             else:
                 for chunk in resp.iter_content(chunk_size=16384, decode_content=False):
