@@ -119,7 +119,9 @@ class ThinkTime:
         try:
             values = [float(p) for p in parts]
         except ValueError:
-            raise ValueError(f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}") from None
+            raise ValueError(
+                f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}"
+            ) from None
         if len(values) > 2 or any(v < 0 for v in values):
             raise ValueError(f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}")
         return cls(*values)

@@ -78,7 +78,9 @@ class ReplyStream:
     def _openai(self, chunk: dict[str, Any]) -> None:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            if any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
+            if any(
+                delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")
+            ):
                 self._token()
         usage = chunk.get("usage")
         if usage:

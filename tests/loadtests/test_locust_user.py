@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
 def openai_run(tag: str) -> dict[str, Any]:
@@ -36,9 +40,11 @@ def openai_run(tag: str) -> dict[str, Any]:
         "messages": [
             {"role": "system", "content": f"[{tag}] You are a coding agent."},
             {"role": "user", "content": f"[{tag}] Fix the failing test."},
-            {"role": "assistant", "content": "Reading it.", "tool_calls": [_call("c1", "read", {"path": "a.py"})]},
+            {"role": "assistant", "content": "Reading it.",
+             "tool_calls": [_call("c1", "read", {"path": "a.py"})]},
             {"role": "tool", "tool_call_id": "c1", "content": "def f():\n    return 1\n" * 20},
-            {"role": "assistant", "content": "Running the tests.", "tool_calls": [_call("c2", "run", {"cmd": "pytest"})]},
+            {"role": "assistant", "content": "Running the tests.",
+             "tool_calls": [_call("c2", "run", {"cmd": "pytest"})]},
             {"role": "tool", "tool_call_id": "c2", "content": "1 failed, 3 passed"},
             {"role": "assistant", "content": "The test expects 2; f returns 1. Fixed."},
         ],
