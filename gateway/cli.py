@@ -25,6 +25,7 @@ from gateway.report import print_report, write_plot
 from gateway.serve import serve
 from gateway.sessions_cli import sessions
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from loadtests.experiment import experiment_command
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
 DEFAULT_BUDGET = 32_000
@@ -210,6 +211,7 @@ def replay_command(
 main.add_command(serve)
 main.add_command(sessions)
 main.add_command(keys)
+main.add_command(experiment_command)
 
 
 if __name__ == "__main__":

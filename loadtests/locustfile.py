@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import gevent
+import gevent.lock
 from locust import FastHttpUser, events, task
 from locust.env import Environment
 from locust.exception import StopUser
@@ -144,6 +145,7 @@ class RequestLog:
 
 
 _request_log: RequestLog | None = None
+_loading = gevent.lock.Semaphore()
 _run_prefix = uuid.uuid4().hex[:8]
 _finished_users = 0
 
@@ -168,9 +170,13 @@ class AgentSession(FastHttpUser):
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        self.sessions = load_sessions(
-            opts.trajectories, opts.model, opts.max_steps, opts.max_tokens_cap
-        )
+        # Parsing and tokenizing takes seconds of CPU: done once per process, in a native
+        # thread, so that the gevent loop keeps a distributed worker's heartbeats going.
+        with _loading:
+            self.sessions = gevent.get_hub().threadpool.apply(
+                load_sessions,
+                (opts.trajectories, opts.model, opts.max_steps, opts.max_tokens_cap),
+            )
         self.think = ThinkTime.parse(opts.think_time)
         self.replicas = [u.rstrip("/") for u in opts.replicas.split(",") if u]
         self.log = request_log(opts.request_log)

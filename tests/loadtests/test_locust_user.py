@@ -180,3 +180,38 @@ async def test_failures_are_locust_failures_with_status_and_body(
         assert "HTTP 400" in e["exception"] and "kaboom" in e["exception"]
     assert not named(result["events"], "time_to_first_token")
     assert result["stats"]["POST openai /v1/chat/completions"]["failures"] == 3
+
+
+async def test_distributed_mode_two_workers_split_the_users(
+    openai_file: Path, store_url: str, tmp_path: Path
+) -> None:
+    """``--processes 2``: a master and two worker processes; each worker logs its own
+    requests, and the users of the two workers replay different sessions."""
+    fake = await FakeUpstream().start()
+    config = GatewayConfig(store_url=store_url, replicas=(fake.url,), strategy="base")
+    log = tmp_path / "requests.jsonl"
+    try:
+        async with running_gateway(config) as gw:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
+                "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "6s",
+                "--host", gw, "--trajectories", str(openai_file), "--think-time", "0",
+                "--request-log", str(log),
+                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+    finally:
+        await fake.stop()
+    assert proc.returncode == 0, out.decode()[-3000:]
+    assert "2 workers connected" in out.decode()
+    users = {}
+    for w in (0, 1):
+        lines = Path(f"{log}.worker{w}").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert records and all(r["ok"] for r in records)
+        users[w] = {r["session"].rsplit(":", 1)[1].split(".")[0] for r in records}
+        first = min(records, key=lambda r: r["start"])
+        # user k of worker w is user 2k + w overall; user i starts on trajectory i
+        assert first["trajectory"] == ("run-a", "run-b")[w]
+    assert users == {0: {"0"}, 1: {"1"}}

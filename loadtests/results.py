@@ -1,0 +1,152 @@
+"""One experiment cell's figures: the Locust request log plus vLLM's counters.
+
+Client-side figures (time to first token, session-steps per minute, prompt tokens from each
+reply's ``usage``) come from the JSON lines the Locust users write; server-side ones
+(prefix-cache hit rate, queue time, preemptions, KV usage, vLLM's own TTFT) from the
+replicas' ``/metrics`` scraped around and during the load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests.plan import Cell
+from loadtests.vllm_metrics import (
+    KV_USAGE,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    QUEUE_TIME,
+    TTFT,
+    WAITING,
+    Window,
+)
+
+# Every column of a result row, in order (the e2e test checks each is filled).
+METRICS = (
+    "requests_ok",
+    "requests_failed",
+    "duration_s",
+    "session_steps_per_min",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttlt_p50_ms",
+    "prompt_tokens",
+    "prompt_tokens_per_step",
+    "cached_tokens",
+    "vllm_prefix_hit_rate",
+    "vllm_prompt_tokens",
+    "vllm_queue_time_mean_s",
+    "vllm_queue_time_p95_s",
+    "vllm_ttft_p50_s",
+    "vllm_ttft_p95_s",
+    "vllm_preemptions",
+    "vllm_kv_usage_mean",
+    "vllm_kv_usage_max",
+    "vllm_waiting_mean",
+    "vllm_waiting_max",
+)
+# Filled for gateway cells only (the no-gateway arm has no gateway headers).
+GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens")
+
+
+def load_requests(cell_dir: Path) -> list[dict[str, Any]]:
+    """Every request the cell's Locust processes logged (workers write one file each)."""
+    records = []
+    for path in sorted(cell_dir.glob("requests.jsonl*")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return records
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in requests if r["ok"]]
+    duration = (
+        max(r["end"] for r in requests) - min(r["start"] for r in requests) if requests else 0.0
+    )
+    ttft = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]
+    prompt = sum(r["prompt_tokens"] or 0 for r in ok)
+    queue = window.histogram(QUEUE_TIME)
+    vllm_ttft = window.histogram(TTFT)
+    kv = [v for _, values in window.gauge_series(KV_USAGE) for v in values]
+    waiting = [sum(values) for _, values in window.gauge_series(WAITING)]
+    row: dict[str, Any] = {
+        **cell.to_json(),
+        "requests_ok": len(ok),
+        "requests_failed": len(requests) - len(ok),
+        "duration_s": round(duration, 2),
+        "session_steps_per_min": round(len(ok) / duration * 60, 2) if duration else None,
+        "ttft_p50_ms": percentile(ttft, 0.5),
+        "ttft_p95_ms": percentile(ttft, 0.95),
+        "ttlt_p50_ms": percentile([r["ttlt_ms"] for r in ok], 0.5),
+        "prompt_tokens": prompt,
+        "prompt_tokens_per_step": round(prompt / len(ok), 1) if ok else None,
+        "cached_tokens": sum(r["cached_tokens"] or 0 for r in ok),
+        "vllm_prefix_hit_rate": window.prefix_hit_rate,
+        "vllm_prompt_tokens": window.counter(PROMPT_TOKENS),
+        "vllm_queue_time_mean_s": queue.mean,
+        "vllm_queue_time_p95_s": queue.quantile(0.95),
+        "vllm_ttft_p50_s": vllm_ttft.quantile(0.5),
+        "vllm_ttft_p95_s": vllm_ttft.quantile(0.95),
+        "vllm_preemptions": window.counter(PREEMPTIONS),
+        "vllm_kv_usage_mean": _mean(kv),
+        "vllm_kv_usage_max": max(kv, default=None),
+        "vllm_waiting_mean": _mean(waiting),
+        "vllm_waiting_max": max(waiting, default=None),
+        "raw_prompt_tokens": None,
+        "rendered_prompt_tokens": None,
+    }
+    if cell.arm == "gateway":
+        row["raw_prompt_tokens"] = sum(r["raw_prompt_tokens"] or 0 for r in ok)
+        row["rendered_prompt_tokens"] = sum(r["rendered_prompt_tokens"] or 0 for r in ok)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def stages(
+    requests: list[dict[str, Any]], step_users: Sequence[int], step_seconds: float
+) -> list[dict[str, Any]]:
+    """Per stage of a step load: users, completed session-steps per minute, client TTFT.
+
+    A request belongs to the stage in which it ended; stage 0 starts with the first request.
+    """
+    if not requests:
+        return []
+    t0 = min(r["start"] for r in requests)
+    out = []
+    for i, users in enumerate(step_users):
+        ended = [r for r in requests if i * step_seconds <= r["end"] - t0 < (i + 1) * step_seconds]
+        ok = [r for r in ended if r["ok"]]
+        ttft = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]
+        out.append(
+            {
+                "stage": i,
+                "users": users,
+                "session_steps_per_min": round(len(ok) / step_seconds * 60, 2),
+                "failed": len(ended) - len(ok),
+                "ttft_p50_ms": percentile(ttft, 0.5),
+                "ttft_p95_ms": percentile(ttft, 0.95),
+            }
+        )
+    return out
+
+
+def knee(stage_rows: list[dict[str, Any]], gain: float = 0.10) -> dict[str, Any] | None:
+    """The last stage before throughput stops growing by ``gain`` (10%) per step up."""
+    for here, nxt in itertools.pairwise(stage_rows):
+        if nxt["session_steps_per_min"] < (1 + gain) * here["session_steps_per_min"]:
+            return here
+    return stage_rows[-1] if stage_rows else None
