@@ -97,6 +97,9 @@ def test_two_cell_experiment_reports_every_metric_for_both_cells(
         cell_dir = out / row["cell"]
         for name in ("locust_stats.csv", "requests.jsonl", "scrapes.json"):
             assert (cell_dir / name).is_file(), name
+        replies = [json.loads(line) for line in (cell_dir / "requests.jsonl").open()]
+        # ignore_eos reached vLLM (through the gateway too): every reply decoded max_tokens
+        assert all(r["completion_tokens"] == r["max_tokens"] for r in replies), replies
         locust_names = {r["Name"] for r in csv.DictReader((cell_dir / "locust_stats.csv").open())}
         assert {"time_to_first_token", "prompt_tokens", "cached_tokens"} <= locust_names
     gateway_row = rows[0]
