@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,20 +56,16 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left (Ray starts children)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGTERM the process (``foldgate serve --ray`` then shuts Serve and Ray down itself),
+    then SIGKILL whatever is left in its process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout)
+    with suppress(ProcessLookupError):  # raised when the group is empty: nothing was left
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 @contextmanager

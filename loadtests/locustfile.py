@@ -39,7 +39,7 @@ from typing import IO, Any
 
 import gevent
 import gevent.lock
-from locust import FastHttpUser, events, task
+from locust import FastHttpUser, constant, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import LocalRunner, WorkerRunner
@@ -162,7 +162,7 @@ class AgentSession(FastHttpUser):
 
     # Think time is drawn inside the task (between steps of one session, not between
     # sessions); a new session starts at once.
-    wait_time = staticmethod(lambda: 0)  # type: ignore[assignment]
+    wait_time = constant(0)
     network_timeout = 900.0
     connection_timeout = 30.0
     _users = itertools.count()

@@ -117,7 +117,7 @@ def machine() -> dict[str, str]:
 def _version(dist: str, venv: Path | None = None) -> str:
     if venv is not None:
         found = sorted(venv.glob(f"lib/python*/site-packages/{dist}-*.dist-info"))
-        return found[-1].name.split("-")[1] if found else "not installed"
+        return found[-1].name.removesuffix(".dist-info").split("-")[1] if found else "not installed"
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
