@@ -68,6 +68,12 @@ def add_arguments(parser: Any) -> None:
     )
     group.add_argument("--model", default="tiny", help="Model name sent in each request.")
     group.add_argument(
+        "--tokenizer",
+        default="",
+        help="Counts the recorded replies' tokens (max_tokens): qwen3.6 | estimate | "
+        "hf:/path/tokenizer.json (default: qwen3.6 when installed, else estimate).",
+    )
+    group.add_argument(
         "--max-steps", type=int, default=0, help="Replay only the first N steps (0: all)."
     )
     group.add_argument(
@@ -109,10 +115,10 @@ def add_arguments(parser: Any) -> None:
 
 @lru_cache(maxsize=4)
 def load_sessions(
-    paths: str, model: str, max_steps: int, max_tokens_cap: int
+    paths: str, model: str, max_steps: int, max_tokens_cap: int, tokenizer: str = ""
 ) -> tuple[Session, ...]:
     """The replayable sessions of every trajectory under ``paths`` (cached per process)."""
-    chat = ChatTokenizer(get_counter(default_tokenizer_spec()))
+    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
     trajectories = load_trajectories(*(p for p in paths.split(",") if p))
     sessions = tuple(
         build_session(
@@ -175,7 +181,13 @@ class AgentSession(FastHttpUser):
         with _loading:
             self.sessions = gevent.get_hub().threadpool.apply(
                 load_sessions,
-                (opts.trajectories, opts.model, opts.max_steps, opts.max_tokens_cap),
+                (
+                    opts.trajectories,
+                    opts.model,
+                    opts.max_steps,
+                    opts.max_tokens_cap,
+                    opts.tokenizer,
+                ),
             )
         self.think = ThinkTime.parse(opts.think_time)
         self.replicas = [u.rstrip("/") for u in opts.replicas.split(",") if u]
@@ -246,8 +258,11 @@ class AgentSession(FastHttpUser):
                 body = resp.content or str(getattr(resp, "error", "")).encode()
                 problem = f"HTTP {status}: {body[:2000].decode('utf-8', 'replace')}"
             else:
-                for chunk in resp.iter_content(chunk_size=16384, decode_content=False):
-                    reader.feed(chunk)
+                # Line by line: FastResponse.iter_content(n) blocks until n bytes arrived,
+                # which would date the first token at the end of a short reply.
+                stream = resp._response
+                while line := stream.readline(b"\n"):
+                    reader.feed(line)
                 problem = reader.problem
             if problem is not None:
                 resp.failure(problem)

@@ -115,7 +115,8 @@ def claude_file(tmp_path: Path) -> Path:
 
 
 async def test_replayed_requests_are_the_trajectory_prefixes(openai_file: Path) -> None:
-    fake = await FakeUpstream().start()
+    # 40 ms between chunks: the first token comes long before the last
+    fake = await FakeUpstream(default=ScriptedReply("x" * 48, chunk_delay_s=0.04)).start()
     try:
         result = await run_users(fake.url, [openai_file], 2)
     finally:
@@ -137,6 +138,9 @@ async def test_replayed_requests_are_the_trajectory_prefixes(openai_file: Path) 
     ttft = named(events, "time_to_first_token")
     ttlt = named(events, "time_to_last_token")
     assert len(ttft) == len(ttlt) == len(sent) and all(e["response_time"] > 0 for e in ttft)
+    # 6 text chunks + finish + usage: 7 pauses after the first chunk, at least 5 after the
+    # first token; the stream is read as it arrives, not when it ends
+    assert max(e["response_time"] for e in ttft) + 5 * 40 < min(e["response_time"] for e in ttlt)
 
 
 async def test_through_gateway_ignore_eos_reaches_the_replica_and_headers_are_events(
@@ -194,9 +198,9 @@ async def test_distributed_mode_two_workers_split_the_users(
         async with running_gateway(config) as gw:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
-                "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "6s",
+                "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "10s",
                 "--host", gw, "--trajectories", str(openai_file), "--think-time", "0",
-                "--request-log", str(log),
+                "--request-log", str(log), "--tokenizer", "estimate",
                 cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
@@ -204,9 +208,10 @@ async def test_distributed_mode_two_workers_split_the_users(
     finally:
         await fake.stop()
     assert proc.returncode == 0, out.decode()[-3000:]
-    assert "2 workers connected" in out.decode()
+    assert "2 workers connected" in out.decode(), out.decode()[-3000:]
     users = {}
     for w in (0, 1):
+        assert Path(f"{log}.worker{w}").exists(), out.decode()[-4000:]
         lines = Path(f"{log}.worker{w}").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert records and all(r["ok"] for r in records)
