@@ -31,11 +31,11 @@ COLUMNS = (
     ("session_steps_per_min", "steps/min", "{:.1f}"),
     ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
     ("vllm_queue_time_mean_s", "queue mean s", "{:.3f}"),
-    ("vllm_queue_time_p95_s", "queue p95 s", "{:.3f}"),
+    ("vllm_queue_time_p95_s", "queue p95 ≤ s", "{:.3f}"),
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
     ("ttft_p95_ms", "TTFT p95 ms", "{:.0f}"),
-    ("vllm_ttft_p50_s", "vLLM TTFT p50 s", "{:.3f}"),
-    ("vllm_ttft_p95_s", "vLLM TTFT p95 s", "{:.3f}"),
+    ("vllm_ttft_p50_s", "vLLM TTFT p50 ≤ s", "{:.3f}"),
+    ("vllm_ttft_p95_s", "vLLM TTFT p95 ≤ s", "{:.3f}"),
     ("prompt_tokens", "upstream prompt tok", "{:,}"),
     ("prompt_tokens_per_step", "prompt tok/step", "{:,.0f}"),
     ("raw_prompt_tokens", "raw tok (gateway)", "{:,}"),
@@ -46,7 +46,7 @@ COLUMNS = (
 BAR_PLOTS = (
     ("vllm_prefix_hit_rate", "prefix-cache hit rate (vLLM)"),
     ("vllm_queue_time_mean_s", "queue time mean (s)"),
-    ("vllm_queue_time_p95_s", "queue time p95 (s)"),
+    ("vllm_queue_time_p95_s", "queue time p95, bucket bound (s)"),
     ("ttft_p50_ms", "TTFT p50 (ms, client)"),
     ("ttft_p95_ms", "TTFT p95 (ms, client)"),
     ("session_steps_per_min", "session-steps per minute"),
@@ -173,7 +173,7 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"- {r['cell']} vs {base['cell']}: queue mean "
                 f"{_fmt(r['vllm_queue_time_mean_s'], '{:.3f}')} vs "
-                f"{_fmt(base['vllm_queue_time_mean_s'], '{:.3f}')} s, p95 "
+                f"{_fmt(base['vllm_queue_time_mean_s'], '{:.3f}')} s, p95 ≤ "
                 f"{_fmt(r['vllm_queue_time_p95_s'], '{:.3f}')} vs "
                 f"{_fmt(base['vllm_queue_time_p95_s'], '{:.3f}')} s; TTFT p50 "
                 f"{_fmt(r['ttft_p50_ms'], '{:.0f}')} vs {_fmt(base['ttft_p50_ms'], '{:.0f}')} ms,"
@@ -327,7 +327,9 @@ def write_report(
         "- **prefix hit**: vLLM's `prefix_cache_hits_total / prefix_cache_queries_total` over "
         "the cell, in tokens, summed over the replicas.",
         "- **queue mean / p95**: `vllm:request_queue_time_seconds` (time waiting for a slot in "
-        "the batch); p95 interpolated in the histogram's buckets. **preemptions**: requests "
+        "the batch); its p95 (and vLLM TTFT's) is the upper bound of the histogram bucket "
+        "that holds the 95th percentile (vLLM's first queue bucket ends at 0.3 s). "
+        "**preemptions**: requests "
         "vLLM evicted mid-run for want of KV blocks.",
         "- **TTFT**: client-side from the Locust users (through the gateway when there is one); "
         "vLLM TTFT is the server's own histogram.",

@@ -60,21 +60,20 @@ class Histogram:
         return self.sum / self.count if self.count else None
 
     def quantile(self, q: float) -> float | None:
-        """Prometheus' ``histogram_quantile``: linear inside the bucket that holds rank q."""
+        """An upper bound of the q-quantile: the bound of the bucket that holds rank q.
+
+        Not Prometheus' interpolation: vLLM's queue-time buckets are coarse (the first ends
+        at 0.3 s), and interpolating inside one would report 0.285 s for requests that
+        never queued.
+        """
         if not self.count:
             return None
-        bounds = sorted(self.buckets)
         rank = q * self.count
-        lower, below = 0.0, 0.0
-        for le in bounds:
-            n = self.buckets[le]
-            if n >= rank:
-                if math.isinf(le):
-                    return lower  # above the largest finite bound: report that bound
-                inside = n - below
-                return lower + (le - lower) * ((rank - below) / inside if inside else 0.0)
-            lower, below = le, n
-        return lower
+        finite = [le for le in sorted(self.buckets) if not math.isinf(le)]
+        for le in finite:
+            if self.buckets[le] >= rank:
+                return le
+        return finite[-1] if finite else None  # above the largest finite bound
 
 
 EMPTY_HISTOGRAM = Histogram({}, 0.0, 0.0)

@@ -52,10 +52,10 @@ def test_window_takes_differences_and_sums_replicas() -> None:
     assert window.gauge_series("vllm:kv_cache_usage_perc") == [(5, [0.5, 0.1])]
 
 
-def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
+def test_histogram_quantile_is_the_bound_of_the_bucket_holding_the_rank() -> None:
     h = Histogram({0.1: 50.0, 1.0: 90.0, float("inf"): 100.0}, sum=20.0, count=100.0)
-    assert h.quantile(0.5) == pytest.approx(0.1)
-    assert h.quantile(0.7) == pytest.approx(0.1 + 0.9 * (20 / 40))
+    assert h.quantile(0.5) == 0.1
+    assert h.quantile(0.7) == 1.0
     assert h.quantile(0.95) == 1.0  # past the largest finite bound: that bound
     assert Histogram({}, 0.0, 0.0).quantile(0.5) is None
 
