@@ -323,7 +323,8 @@ def write_report(
         "- **steps ok / steps/min**: replayed requests that streamed to the end, and their rate "
         "over the cell's load phase (first request start to last request end). Fixed-work "
         "cells (`u<N>`) replay the same sessions in every arm; step-load cells (`steps`) run "
-        "for a fixed time.",
+        "for a fixed time, each user starting the next trajectory when it finishes one, so "
+        "two users may replay the same recording at once and share its cached prefix.",
         "- **prefix hit**: vLLM's `prefix_cache_hits_total / prefix_cache_queries_total` over "
         "the cell, in tokens, summed over the replicas.",
         "- **queue mean / p95**: `vllm:request_queue_time_seconds` (time waiting for a slot in "

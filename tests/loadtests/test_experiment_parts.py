@@ -70,7 +70,7 @@ def test_shipped_profiles_expand_to_their_cells() -> None:
         "refold_sticky_steps_kv10M",
         "no-gateway_rr_steps_kv10M",
     ]
-    assert quick.settings.replicas == 2 and quick.settings.step_users == (1, 2, 4)
+    assert quick.settings.replicas == 2 and quick.settings.step_users == (1, 2, 4, 8)
     full = load_profile("full")
     assert len(full.cells) == 4 * 3 * 2 * 2 + 4 + 1 + 2
     assert {c.routing for c in full.cells} == {"sticky", "round_robin", "least_loaded"}
