@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from deploy.cpu.replicas import ReplicaError, free_ports, start_replicas
 from loadtests.plan import DEFAULT_CONFIG, ROOT, Cell, PlanError, Profile, Settings, load_profile
 from loadtests.report import write_report
-from loadtests.results import knee, load_requests, stages, summarize
+from loadtests.results import knee, load_requests, load_user_counts, stages, summarize
 from loadtests.vllm_metrics import Scrape, Window, scrape_all
 
 LOCUSTFILES = {
@@ -204,7 +204,7 @@ def run_cell(cell: Cell, settings: Settings, cell_dir: Path, say: Any = print) -
     row = summarize(cell, window, requests)
     row["locust_exit_code"] = code
     if cell.load == "steps":
-        row["stages"] = stages(requests, settings.step_users, settings.step_seconds)
+        row["stages"] = stages(requests, load_user_counts(cell_dir / "locust_stats_history.csv"))
         row["knee"] = knee(row["stages"])
     return row
 

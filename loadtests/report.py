@@ -193,7 +193,8 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
         k = r.get("knee")
         if k:
             out.append(
-                f"- {r['cell']}: knee at {k['users']} users: "
+                f"- {r['cell']}: knee (first stage at 90% of the best throughput) at "
+                f"{k['users']} users: "
                 f"{k['session_steps_per_min']:.1f} session-steps/min, TTFT p50 "
                 f"{_fmt(k['ttft_p50_ms'], '{:.0f}')} ms, p95 {_fmt(k['ttft_p95_ms'], '{:.0f}')} ms"
             )
@@ -206,10 +207,14 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def stage_table(stage_rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| users | steps/min | failed | TTFT p50 ms | TTFT p95 ms |", "|---|---|---|---|---|"]
+    lines = [
+        "| users | seconds | steps/min | failed | TTFT p50 ms | TTFT p95 ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in stage_rows:
         lines.append(
-            f"| {s['users']} | {s['session_steps_per_min']:.1f} | {s['failed']} | "
+            f"| {s['users']} | {s['seconds']:.0f} | {s['session_steps_per_min']:.1f} | "
+            f"{s['failed']} | "
             f"{_fmt(s['ttft_p50_ms'], '{:.0f}')} | {_fmt(s['ttft_p95_ms'], '{:.0f}')} |"
         )
     return "\n".join(lines)

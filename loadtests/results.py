@@ -8,7 +8,7 @@ replicas' ``/metrics`` scraped around and during the load.
 
 from __future__ import annotations
 
-import itertools
+import csv
 import json
 import statistics
 from collections.abc import Sequence
@@ -116,27 +116,47 @@ def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dic
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
+def load_user_counts(history_csv: Path) -> list[tuple[float, int]]:
+    """``(unix time, users)`` of each second, from Locust's ``_stats_history.csv``."""
+    with history_csv.open() as f:
+        return [
+            (float(row["Timestamp"]), int(row["User Count"]))
+            for row in csv.DictReader(f)
+            if row["Name"] == "Aggregated"
+        ]
+
+
 def stages(
-    requests: list[dict[str, Any]], step_users: Sequence[int], step_seconds: float
+    requests: list[dict[str, Any]], user_counts: Sequence[tuple[float, int]]
 ) -> list[dict[str, Any]]:
     """Per stage of a step load: users, completed session-steps per minute, client TTFT.
 
-    A request belongs to the stage in which it ended; stage 0 starts with the first request.
+    A stage runs from the first second Locust reported its user count to the next stage's
+    (the last one to Locust's last report). Throughput counts the requests that ended in
+    the stage; TTFT those that started in it, i.e. were sent under that load.
     """
-    if not requests:
+    starts: dict[int, float] = {}
+    for at, users in user_counts:
+        if users and users not in starts:
+            starts[users] = at
+    if not starts or not user_counts:
         return []
-    t0 = min(r["start"] for r in requests)
+    bounds = [*sorted(starts.items(), key=lambda item: item[1])]
+    ends = [at for _, at in bounds[1:]] + [max(at for at, _ in user_counts)]
     out = []
-    for i, users in enumerate(step_users):
-        ended = [r for r in requests if i * step_seconds <= r["end"] - t0 < (i + 1) * step_seconds]
-        ok = [r for r in ended if r["ok"]]
-        ttft = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]
+    for i, ((users, begin), end) in enumerate(zip(bounds, ends, strict=True)):
+        done = [r for r in requests if begin <= r["end"] < end]
+        ok = [r for r in done if r["ok"]]
+        sent = [r for r in requests if begin <= r["start"] < end and r["ok"]]
+        ttft = [r["ttft_ms"] for r in sent if r["ttft_ms"] is not None]
+        length = end - begin
         out.append(
             {
                 "stage": i,
                 "users": users,
-                "session_steps_per_min": round(len(ok) / step_seconds * 60, 2),
-                "failed": len(ended) - len(ok),
+                "seconds": round(length, 1),
+                "session_steps_per_min": round(len(ok) / length * 60, 2) if length else 0.0,
+                "failed": len(done) - len(ok),
                 "ttft_p50_ms": percentile(ttft, 0.5),
                 "ttft_p95_ms": percentile(ttft, 0.95),
             }
@@ -144,9 +164,10 @@ def stages(
     return out
 
 
-def knee(stage_rows: list[dict[str, Any]], gain: float = 0.10) -> dict[str, Any] | None:
-    """The last stage before throughput stops growing by ``gain`` (10%) per step up."""
-    for here, nxt in itertools.pairwise(stage_rows):
-        if nxt["session_steps_per_min"] < (1 + gain) * here["session_steps_per_min"]:
-            return here
-    return stage_rows[-1] if stage_rows else None
+def knee(stage_rows: list[dict[str, Any]], share: float = 0.9) -> dict[str, Any] | None:
+    """The first stage that reaches ``share`` (90%) of the best stage's throughput: more
+    users than that buy little, so queueing is all they add."""
+    if not stage_rows:
+        return None
+    best = max(r["session_steps_per_min"] for r in stage_rows)
+    return next(r for r in stage_rows if r["session_steps_per_min"] >= share * best)

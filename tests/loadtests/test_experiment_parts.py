@@ -89,15 +89,20 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_stages_and_knee_of_a_step_load() -> None:
-    def req(end: float, ok: bool = True) -> dict:
-        return {"start": end - 1, "end": end, "ok": ok, "ttft_ms": 100.0}
+    def req(start: float, end: float, ok: bool = True) -> dict:
+        return {"start": start, "end": end, "ok": ok, "ttft_ms": 10.0 * start}
 
-    # stage length 10 s from the first start (t=0): 2, 4, then 4 completed steps
-    requests = [req(t) for t in (1, 5)] + [req(t) for t in (11, 12, 13, 14)]
-    requests += [req(t) for t in (21, 22, 23, 24)] + [req(25, ok=False)]
-    rows = stages(requests, [1, 2, 4], 10)
-    assert [r["session_steps_per_min"] for r in rows] == [12.0, 24.0, 24.0]
+    # Locust's per-second user counts: 1 user from t=100, 2 from t=110, 4 from t=125 to 135
+    counts = [(100.0 + t, 1) for t in range(10)] + [(110.0 + t, 2) for t in range(15)]
+    counts += [(125.0 + t, 4) for t in range(11)]
+    requests = [req(101, 104), req(104, 109), req(108, 112)]  # ended: 2 in stage 1
+    requests += [req(112, 118), req(113, 119), req(118, 124)]  # 4 in stage 2 (with 108-112)
+    requests += [req(124, 127), req(126, 129, ok=False), req(127, 131)]  # stage 3
+    rows = stages(requests, counts)
+    assert [(r["users"], r["seconds"]) for r in rows] == [(1, 10.0), (2, 15.0), (4, 10.0)]
+    assert [r["session_steps_per_min"] for r in rows] == [12.0, 16.0, 12.0]
     assert rows[2]["failed"] == 1
+    assert rows[1]["ttft_p50_ms"] == 1180.0  # sent in stage 2: started 112, 113, 118, 124
     assert knee(rows)["users"] == 2
 
 
