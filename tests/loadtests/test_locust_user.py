@@ -131,9 +131,9 @@ async def test_replayed_requests_are_the_trajectory_prefixes(openai_file: Path) 
     events = result["events"]
     posts = named(events, "openai /v1/chat/completions")
     assert len(posts) == len(expected) and all(e["exception"] is None for e in posts)
-    # usage events carry what the upstream reported (the fake: JSON length // 4)
+    # usage events carry what the upstream reported
     reported = Counter(e["response_time"] for e in named(events, "prompt_tokens"))
-    assert reported == Counter(len(json.dumps(m)) // 4 for m in sent)
+    assert reported == Counter(map(FakeUpstream.prompt_tokens, fake.requests))
     assert Counter(e["response_time"] for e in named(events, "cached_tokens")) == {0: len(sent)}
     ttft = named(events, "time_to_first_token")
     ttlt = named(events, "time_to_last_token")
@@ -159,7 +159,7 @@ async def test_through_gateway_ignore_eos_reaches_the_replica_and_headers_are_ev
     events = result["events"]
     assert result["stats"]["POST anthropic /v1/messages"] == {"num_requests": 2, "failures": 0}
     assert result["stats"]["POST openai /v1/chat/completions"] == {"num_requests": 6, "failures": 0}
-    upstream_prompts = Counter(len(json.dumps(b["messages"])) // 4 for b in fake.requests)
+    upstream_prompts = Counter(map(FakeUpstream.prompt_tokens, fake.requests))
     assert Counter(e["response_time"] for e in named(events, "prompt_tokens")) == upstream_prompts
     raw = named(events, "raw_prompt_tokens")
     rendered = named(events, "rendered_prompt_tokens")
