@@ -25,6 +25,7 @@ from gateway.report import print_report, write_plot
 from gateway.serve import serve
 from gateway.sessions_cli import sessions
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from loadtests.experiment import experiment_command
 from offline.sim.cli import compare_command, fit_command, simulate_command
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
@@ -229,6 +230,7 @@ main.add_command(keys)
 main.add_command(simulate_command)
 main.add_command(fit_command)
 main.add_command(compare_command)
+main.add_command(experiment_command)
 
 
 if __name__ == "__main__":

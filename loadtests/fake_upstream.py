@@ -30,6 +30,7 @@ class ScriptedReply:
     status: int = 200
     error_message: str = "fake upstream error"
     chunk_chars: int = 8
+    chunk_delay_s: float = 0.0  # pause before each chunk after the first (a decoding model)
 
 
 class FakeUpstream:
@@ -114,7 +115,9 @@ class FakeUpstream:
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for chunk in self.chunks(reply, prompt_tokens=prompt_tokens):
+        for i, chunk in enumerate(self.chunks(reply, prompt_tokens=prompt_tokens)):
+            if i and reply.chunk_delay_s:
+                await asyncio.sleep(reply.chunk_delay_s)
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

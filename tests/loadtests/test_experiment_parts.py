@@ -1,0 +1,113 @@
+"""The experiment's pure parts: profiles -> cells, vLLM scrapes -> figures, rows -> report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile
+from loadtests.results import knee, stages
+from loadtests.sessions import ThinkTime
+from loadtests.vllm_metrics import Histogram, Window, parse
+
+PAGE = """\
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="tiny"}} {queries}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="tiny"}} {hits}
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="tiny"}} {preempted}
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {kv}
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="tiny"}} 0
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{{engine="0",le="0.1",model_name="tiny"}} {q1}
+vllm:request_queue_time_seconds_bucket{{engine="0",le="1.0",model_name="tiny"}} {q2}
+vllm:request_queue_time_seconds_bucket{{engine="0",le="+Inf",model_name="tiny"}} {q2}
+vllm:request_queue_time_seconds_sum{{engine="0",model_name="tiny"}} {qsum}
+vllm:request_queue_time_seconds_count{{engine="0",model_name="tiny"}} {q2}
+"""
+
+
+def page(**values: float) -> str:
+    defaults = dict(queries=0, hits=0, preempted=0, kv=0, q1=0, q2=0, qsum=0)
+    return PAGE.format(**{**defaults, **values})
+
+
+def test_window_takes_differences_and_sums_replicas() -> None:
+    before = [parse("a", page(queries=100, hits=50), 0), parse("b", page(), 0)]
+    after = [
+        parse("a", page(queries=300, hits=200, preempted=2, q1=8, q2=10, qsum=2.0), 9),
+        parse("b", page(queries=100, hits=20, q1=10, q2=10, qsum=0.5), 9),
+    ]
+    window = Window(
+        before, after, during=[[parse("a", page(kv=0.5), 5), parse("b", page(kv=0.1), 5)]]
+    )
+    assert window.prefix_hit_rate == pytest.approx((150 + 20) / (200 + 100))
+    assert window.counter("vllm:num_preemptions_total") == 2
+    queue = window.histogram("vllm:request_queue_time_seconds")
+    assert queue.count == 20 and queue.mean == pytest.approx(2.5 / 20)
+    assert window.gauge_series("vllm:kv_cache_usage_perc") == [(5, [0.5, 0.1])]
+
+
+def test_histogram_quantile_is_the_bound_of_the_bucket_holding_the_rank() -> None:
+    h = Histogram({0.1: 50.0, 1.0: 90.0, float("inf"): 100.0}, sum=20.0, count=100.0)
+    assert h.quantile(0.5) == 0.1
+    assert h.quantile(0.7) == 1.0
+    assert h.quantile(0.95) == 1.0  # past the largest finite bound: that bound
+    assert Histogram({}, 0.0, 0.0).quantile(0.5) is None
+
+
+def test_shipped_profiles_expand_to_their_cells() -> None:
+    quick = load_profile("quick")
+    names = [c.name for c in quick.cells]
+    assert names == [
+        "base_sticky_u5_kv10M",
+        "refold_sticky_u5_kv10M",
+        "base_round-robin_u5_kv10M",
+        "refold_sticky_steps_kv10M",
+        "no-gateway_rr_steps_kv10M",
+    ]
+    assert quick.settings.replicas == 2 and quick.settings.step_users == (1, 2, 4, 8)
+    full = load_profile("full")
+    assert len(full.cells) == 4 * 3 * 2 * 2 + 4 + 1 + 2
+    assert {c.routing for c in full.cells} == {"sticky", "round_robin", "least_loaded"}
+
+
+def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="no profile 'nope'"):
+        load_profile("nope")
+    bad = tmp_path / "bad.toml"
+    text = DEFAULT_CONFIG.read_text().replace(
+        'routing = "sticky"\nserver', 'routing = "random"\nserver'
+    )
+    bad.write_text(text)
+    with pytest.raises(PlanError, match="routing must be one of"):
+        load_profile("full", bad)
+
+
+def test_stages_and_knee_of_a_step_load() -> None:
+    def req(start: float, end: float, ok: bool = True) -> dict:
+        return {"start": start, "end": end, "ok": ok, "ttft_ms": 10.0 * start}
+
+    # Locust's per-second user counts: 1 user from t=100, 2 from t=110, 4 from t=125 to 135
+    counts = [(100.0 + t, 1) for t in range(10)] + [(110.0 + t, 2) for t in range(15)]
+    counts += [(125.0 + t, 4) for t in range(11)]
+    requests = [req(101, 104), req(104, 109), req(108, 112)]  # ended: 2 in stage 1
+    requests += [req(112, 118), req(113, 119), req(118, 124)]  # 4 in stage 2 (with 108-112)
+    requests += [req(124, 127), req(126, 129, ok=False), req(127, 131)]  # stage 3
+    rows = stages(requests, counts)
+    assert [(r["users"], r["seconds"]) for r in rows] == [(1, 10.0), (2, 15.0), (4, 10.0)]
+    assert [r["session_steps_per_min"] for r in rows] == [12.0, 16.0, 12.0]
+    assert rows[2]["failed"] == 1
+    assert rows[1]["ttft_p50_ms"] == 1180.0  # sent in stage 2: started 112, 113, 118, 124
+    assert knee(rows)["users"] == 2
+
+
+def test_think_time_spec() -> None:
+    assert ThinkTime.parse("0").median_s == 0
+    assert ThinkTime.parse("2:0.5") == ThinkTime(2.0, 0.5)
+    with pytest.raises(ValueError, match="MEDIAN"):
+        ThinkTime.parse("soon")
