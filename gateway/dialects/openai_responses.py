@@ -17,8 +17,11 @@ unknown ones (``stop``, ``top_k``) pass through to vLLM.
 Replies: the chat chunk stream becomes the Responses event stream, in the API's order
 (``response.created``, ``response.in_progress``, per item ``response.output_item.added``,
 ``response.content_part.added``, deltas, their ``.done`` events, ``response.output_item.done``
-with the whole item), ending with exactly one of ``response.completed``,
-``response.incomplete`` (the reply hit ``max_output_tokens``) or ``response.failed``. Unless
+with the whole item), ending with exactly one of ``response.completed`` or
+``response.failed``. A reply cut at ``max_output_tokens`` ends with ``response.completed``
+whose response says ``status: "incomplete"`` and why (``incomplete_details``): harnesses
+such as Codex take ``response.completed`` as the end of a turn and treat any other ending
+as a broken stream, and a cut reply is a turn the harness can continue. Unless
 the request says ``store: false``, the reply is kept (``Exchange.remember``) before the
 final event, so a request naming it in ``previous_response_id`` continues its conversation.
 """
@@ -450,7 +453,7 @@ class ResponseWriter:
         return self._close()
 
     def terminal(self) -> Event:
-        return self._event(f"response.{self.status}", response=self.snapshot())
+        return self._event("response.completed", response=self.snapshot())
 
     def failed(self, exc: Exception) -> Event:
         self.status = "failed"
