@@ -115,7 +115,7 @@ async def test_codex_exec_through_gateway(
         loaded = await store.load(DEFAULT_TENANT, thread, 0)
         with pytest.raises(Exception, match="no branch"):
             await store.load(DEFAULT_TENANT, thread, 1)  # the re-send only appended
-        _, state = await store.get_state(DEFAULT_TENANT, thread, 0)
+        totals = await store.get_counts(DEFAULT_TENANT, thread, 0)
         replica = await store.get_assignment(DEFAULT_TENANT, thread)
     history = [Message.from_dict(m) for m in loaded.messages]
     # Codex's developer prompt leads; both prompts are in the one history, in order.
@@ -123,7 +123,6 @@ async def test_codex_exec_through_gateway(
     users = [m.text for m in history if m.role == "user"]
     assert users[-2:] == [PROMPT, FOLLOW_UP]
     assert replica in vllm_replicas  # routed (sticky) like any other session
-    totals = json.loads(state or b"{}")
     assert totals["requests"] == 2 and totals["upstream_prompt_tokens"] > 2000
     record_figures(
         "codex",
