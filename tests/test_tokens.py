@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import tiktoken.registry
 
 from gateway.tokens import (
     ByteEstimate,
@@ -78,6 +79,10 @@ def test_tiktoken_unknown_encoding() -> None:
 
 def test_tiktoken_loads_from_cache_or_refuses_to_download(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty cache: would need network
+    # Start from no loaded encodings: one that other code already loaded in this process
+    # (litellm loads cl100k_base from files it ships when it counts tokens, as in the
+    # mini-swe-agent e2e test) is not a file in the cache.
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     with pytest.raises(TokenizerUnavailable, match=r"not bundled.*downloaded"):
         get_counter("tiktoken:cl100k_base")
 
