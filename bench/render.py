@@ -27,10 +27,10 @@ from rich.table import Table
 
 from gateway.fold import STRATEGIES, make_renderer
 from gateway.fold.renderer import Renderer, step_indices
-from gateway.importers import Trajectory, load_trajectories
-from gateway.replay import requests_of
 from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
 from gateway.transcript import Transcript
+from offline.importers import Trajectory, load_trajectories
+from offline.replay import requests_of
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / ".." / "shared" / "trajectories" / "norm"
 MIN_REPEATS, MAX_REPEATS, TIME_PER_POINT_S = 5, 200, 1.0

@@ -32,8 +32,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.importers import Trajectory, load_trajectories
-from gateway.replay import requests_of
+from offline.importers import Trajectory, load_trajectories
+from offline.replay import requests_of
 from store import SessionStore, open_store
 from tests.store.redis_server import RedisServer
 

@@ -11,9 +11,13 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.importers import Trajectory, TrajectoryFormatError, load_trajectories
 from gateway.keys_cli import keys
-from gateway.replay import (
+from gateway.serve import serve
+from gateway.sessions_cli import sessions
+from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from loadtests.experiment import experiment_command
+from offline.importers import Trajectory, TrajectoryFormatError, load_trajectories
+from offline.replay import (
     FOLD_MODES,
     MODEL_KV_BYTES_PER_TOKEN,
     ReplayConfig,
@@ -21,11 +25,7 @@ from gateway.replay import (
     replay,
     request_count,
 )
-from gateway.report import print_report, write_plot
-from gateway.serve import serve
-from gateway.sessions_cli import sessions
-from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
-from loadtests.experiment import experiment_command
+from offline.report import print_report, write_plot
 from offline.sim.cli import compare_command, fit_command, simulate_command
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"

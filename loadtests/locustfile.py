@@ -44,10 +44,10 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import LocalRunner, WorkerRunner
 
-from gateway.importers import load_trajectories
 from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
 from loadtests.sessions import Session, Step, ThinkTime, build_session
 from loadtests.stream import ReplyStream
+from offline.importers import load_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRAJECTORIES = ROOT.parent / "shared" / "trajectories" / "raw"

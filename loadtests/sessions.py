@@ -1,6 +1,6 @@
 """Recorded trajectories as the HTTP requests their harness sent, step by step.
 
-Request t of a session is ``gateway.replay.requests_of`` (every message before the t-th
+Request t of a session is ``offline.replay.requests_of`` (every message before the t-th
 assistant reply, as the harness sent it) encoded in the harness's own dialect: Claude Code
 sessions as Anthropic Messages to ``/v1/messages``, every other harness as OpenAI Chat
 Completions to ``/v1/chat/completions``. Decode work matches the recording: ``max_tokens`` is
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.dialects import anthropic_messages, openai_chat
-from gateway.importers import Trajectory
-from gateway.replay import requests_of
 from gateway.tokens import GENERATION_PROMPT, ChatTokenizer
 from gateway.transcript import Message
+from offline.importers import Trajectory
+from offline.replay import requests_of
 
 Dialect = Literal["openai", "anthropic"]
 PATHS: dict[Dialect, str] = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}

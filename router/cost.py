@@ -76,7 +76,7 @@ class CostModel:
 # H200: 141 GB HBM3e at 4.8 TB/s, 989 TFLOPS dense BF16 (NVIDIA H200 Tensor Core GPU
 # datasheet, nvidia.com/en-us/data-center/h200). Qwen3.6-27B: 27B parameters in bf16 =
 # 54 GB of weights (model card); 65,536 KV bytes per token in its 16 full-attention layers
-# (gateway/replay.py's MODEL_KV_BYTES_PER_TOKEN, with the derivation and sources).
+# (offline/replay.py's MODEL_KV_BYTES_PER_TOKEN, with the derivation and sources).
 _H200_BYTES_PER_S = 4.8e12
 _H200_FLOPS = 989e12
 _QWEN36_27B_PARAMS = 27e9

@@ -16,8 +16,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway.config import GatewayConfig
 from gateway.fold.refold import FOLD_MODES
-from gateway.replay import ReplayConfig, request_count
 from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from offline.replay import ReplayConfig, request_count
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.report import markdown_table, write_outputs
 from offline.sim.workload import SHARE_MODES, Workload, build_workload

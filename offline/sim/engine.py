@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gateway.prefix_cache import BlockPool
+from offline.prefix_cache import BlockPool
 from router.cost import CostModel
 
 _NO_IDS = np.zeros(0, dtype=np.int64)

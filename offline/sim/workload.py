@@ -25,10 +25,10 @@ import numpy as np
 from gateway.config import GatewayConfig
 from gateway.fold import make_renderer as registry_renderer
 from gateway.fold.renderer import Renderer
-from gateway.prefix_cache import PrefixCache
-from gateway.replay import ReplayConfig, TrajectoryLike, requests_of
 from gateway.tokens import ChatTokenizer, SessionPrompts
 from gateway.transcript import Transcript
+from offline.prefix_cache import PrefixCache
+from offline.replay import ReplayConfig, TrajectoryLike, requests_of
 
 SHARE_MODES = ("head", "all")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.importers.base import Trajectory
-from gateway.replay import ReplayConfig
 from gateway.tokens import ChatTokenizer, get_counter
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+from offline.importers.base import Trajectory
+from offline.replay import ReplayConfig
 from offline.sim.calibrate import (
     cells_agree,
     fit_coefficients,

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.cli import main
-from gateway.importers import load_trajectories
-from gateway.prefix_cache import BlockPool
-from gateway.replay import ReplayConfig
 from gateway.tokens import ByteEstimate, ChatTokenizer
+from offline.importers import load_trajectories
+from offline.prefix_cache import BlockPool
+from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.engine import SimReplica, SimRequest

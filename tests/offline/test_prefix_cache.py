@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.prefix_cache import PrefixCache
+from offline.prefix_cache import PrefixCache
 
 
 def ids(n: int, start: int = 0) -> list[int]:

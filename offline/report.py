@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gateway.replay import ReplayResult, SessionRun
+from offline.replay import ReplayResult, SessionRun
 
 MAX_SUBPLOTS = 4
 

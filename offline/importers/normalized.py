@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import FORMATS, Trajectory, TrajectoryWarning, read_jsonl, require
-from gateway.importers.chat import decode_chat_messages
 from gateway.transcript import Transcript, observation_indices
+from offline.importers.base import FORMATS, Trajectory, TrajectoryWarning, read_jsonl, require
+from offline.importers.chat import decode_chat_messages
 
 HARNESS = "normalized"
 _TRANSCRIPT_KEYS = {"messages", "format", "obs_role", "observation_indices", "compaction_indices"}

@@ -14,8 +14,8 @@ from typing import Any
 
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_message
-from gateway.importers.base import Trajectory, TrajectoryFormatError, require, stem
 from gateway.transcript import Message, Transcript
+from offline.importers.base import Trajectory, TrajectoryFormatError, require, stem
 
 _CHAT_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id")
 

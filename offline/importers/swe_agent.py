@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import Trajectory, read_json, require
-from gateway.importers.chat import chat_trajectory, decode_chat_messages
 from gateway.transcript import Message, Thinking
+from offline.importers.base import Trajectory, read_json, require
+from offline.importers.chat import chat_trajectory, decode_chat_messages
 
 HARNESS = "swe-agent"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.importers import Trajectory, load_trajectories
 from gateway.transcript import Message, observation_indices
+from offline.importers import Trajectory, load_trajectories
 
 ROOT = Path(os.environ.get("FOLDGATE_TRAJECTORIES", "/work/shared/trajectories"))
 # Raw ids whose twin was named differently (OpenHands: the run on line index 1).

@@ -4,8 +4,8 @@
 its content; ``detect_format(path)`` says which format a file is in.
 """
 
-from gateway.importers.base import Trajectory, TrajectoryFormatError, TrajectoryWarning
-from gateway.importers.detect import LOADERS, detect_format, load_trajectories
+from offline.importers.base import Trajectory, TrajectoryFormatError, TrajectoryWarning
+from offline.importers.detect import LOADERS, detect_format, load_trajectories
 
 __all__ = [
     "LOADERS",

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.fold.renderer import Renderer, TokenCount
-from gateway.prefix_cache import PrefixCache
 from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, SessionPrompts
 from gateway.transcript import Message, Transcript
+from offline.prefix_cache import PrefixCache
 
 # Qwen3.6-27B KV cache bytes per token. Its 64 layers are 16 x (3 Gated DeltaNet + 1 gated
 # full-attention); only the 16 full-attention layers keep a per-token KV cache (DeltaNet
@@ -37,7 +37,7 @@ _FOLD_LINES = re.compile(r"^\s*PROGRESS:.*\n\s*STALE:", re.MULTILINE)
 
 
 class TrajectoryLike(Protocol):
-    """What the replay reads from ``gateway.importers.Trajectory``."""
+    """What the replay reads from ``offline.importers.Trajectory``."""
 
     id: str
     harness: str

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.importers import TrajectoryFormatError, detect_format, load_trajectories
-from tests.importers.helpers import write_json, write_jsonl
+from offline.importers import TrajectoryFormatError, detect_format, load_trajectories
+from tests.offline.importers.helpers import write_json, write_jsonl
 
 NORM = {"id": "n1", "format": "text_actions", "messages": [{"role": "user", "content": "hi"}]}
 MINI = {

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.importers import TrajectoryFormatError, load_trajectories
 from gateway.transcript import Thinking, observation_indices
-from tests.importers.helpers import write_jsonl
+from offline.importers import TrajectoryFormatError, load_trajectories
+from tests.offline.importers.helpers import write_jsonl
 
 SESSION = "s-1"
 

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import (
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+from offline.importers.base import (
     Trajectory,
     TrajectoryFormatError,
     read_json,
@@ -36,7 +37,6 @@ from gateway.importers.base import (
     require,
     stem,
 )
-from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
 
 HARNESS = "openhands"
 _BLOCKS = {

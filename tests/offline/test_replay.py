@@ -5,15 +5,15 @@ import pytest
 
 from gateway.fold import make_renderer
 from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
-from gateway.replay import (
+from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, TokenCounter, serialize_message
+from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
+from offline.replay import (
     GIB,
     ReplayConfig,
     carries_fold_lines,
     replay,
     requests_of,
 )
-from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, TokenCounter, serialize_message
-from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
 
 
 class CharCounter(TokenCounter):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.importers import claude_code, mini_swe_agent, normalized, openhands, swe_agent
-from gateway.importers.base import Trajectory, TrajectoryFormatError
+from offline.importers import claude_code, mini_swe_agent, normalized, openhands, swe_agent
+from offline.importers.base import Trajectory, TrajectoryFormatError
 
 # Format name -> loader. Names double as the values ``detect_format`` returns.
 LOADERS: dict[str, Callable[[Path], list[Trajectory]]] = {

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import Trajectory, read_json, require
-from gateway.importers.chat import chat_trajectory, decode_chat_messages
+from offline.importers.base import Trajectory, read_json, require
+from offline.importers.chat import chat_trajectory, decode_chat_messages
 
 HARNESS = "mini-swe-agent"
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.importers import TrajectoryFormatError, TrajectoryWarning, load_trajectories
 from gateway.transcript import Thinking, observation_indices
-from tests.importers.helpers import write_json, write_jsonl
+from offline.importers import TrajectoryFormatError, TrajectoryWarning, load_trajectories
+from tests.offline.importers.helpers import write_json, write_jsonl
 
 
 def call(call_id, command):

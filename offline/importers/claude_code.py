@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.importers.base import Trajectory, read_jsonl, require, stem
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
+from offline.importers.base import Trajectory, read_jsonl, require, stem
 
 HARNESS = "claude-code"
 _BOOKKEEPING = {"summary", "file-history-snapshot", "queue-operation", "progress"}
