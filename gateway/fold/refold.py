@@ -384,6 +384,9 @@ class ReFold(Renderer):
             and s not in c.index.sources
         )
         best: tuple[float, set[int], dict[int, Message], dict[int, int], int, int] | None = None
+        # A folded step's text depends only on its run's ends, which most suffixes share:
+        # render and count each (step, run) once, not once per suffix tried.
+        seen: dict[tuple[int, int, int], tuple[Message, int]] = {}
         for j in range(len(candidates)):
             chosen = set(candidates[j:])
             folded = c.folded | chosen
@@ -391,8 +394,15 @@ class ReFold(Renderer):
             for s in chosen:
                 first, last = _run(folded, s)
                 changed.update(range(first, last + 1))
-            renders = {c.steps[s]: self._folded(c, history, s, folded) for s in changed}
-            tokens = {pos: self.count_tokens(m) for pos, m in renders.items()}
+            renders: dict[int, Message] = {}
+            tokens: dict[int, int] = {}
+            for s in changed:
+                first, last = _run(folded, s)
+                key = (s, first, last if s == first else first)
+                if key not in seen:
+                    message = self._folded(c, history, s, first, last)
+                    seen[key] = (message, self.count_tokens(message))
+                renders[c.steps[s]], tokens[c.steps[s]] = seen[key]
             saved = sum(c.tokens[pos] - n for pos, n in tokens.items())
             saved += sum(c.step_stubs.get(s, (0, 0))[1] for s in chosen)
             start = min(renders)
@@ -424,8 +434,10 @@ class ReFold(Renderer):
         c.reprefill += reprefill
         c.restore_offered = True
 
-    def _folded(self, c: ReFoldCache, history: Transcript, step: int, folded: set[int]) -> Message:
-        first, last = _run(folded, step)
+    def _folded(
+        self, c: ReFoldCache, history: Transcript, step: int, first: int, last: int
+    ) -> Message:
+        """Step ``step``'s text when the run of folded steps ``first``..``last`` holds it."""
         m = history.messages[c.steps[step]]
         if step == first:
             note = fold_note(first, last, [c.progress[s] for s in range(first, last + 1)])
