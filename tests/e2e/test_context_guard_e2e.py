@@ -3,9 +3,10 @@ configured: the gateway learns the window from ``/v1/models``, compacts before t
 would refuse the prompt, and keeps the compacted prefix so vLLM's prefix cache serves the
 requests after it.
 
-One replica with an 8,192-token window (cheap: a 16 MiB KV pool holds four such requests).
+One replica with a 4,096-token window (cheap: an 8 MiB KV pool holds four such requests; a
+larger window only makes every request dearer on one CPU core without testing more).
 The session has the proportions of a real one scaled down: a harness prompt of ~8% of the
-window, then tool outputs of ~3% of it that repeat nothing, until its history is more than
+window, then tool outputs of ~6% of it that repeat nothing, until its history is more than
 twice the window.
 """
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.cpu.replicas import available_cores, free_ports, start_replicas
+from deploy.cpu.replicas import DEFAULT_BLOCK_SIZE, available_cores, free_ports, start_replicas
 from gateway.config import GatewayConfig
 from router.metrics import parse_vllm_metrics
 from tests.e2e.conftest import SERVED_NAME
@@ -29,10 +30,9 @@ from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.e2e
 
-WINDOW = 8_192
-STEPS = 72
+WINDOW = 4_096
+STEPS = 40
 MAX_TOKENS = 8
-MIN_CACHED_SHARE = 0.80
 TOOLS = [
     {
         "type": "function",
@@ -57,7 +57,7 @@ def small_window_replica(tiny_model_dir: Path) -> Iterator[str]:
         ports=free_ports(1),
         model_dir=tiny_model_dir,
         served_name=SERVED_NAME,
-        kv_cache_bytes="16M",
+        kv_cache_bytes="8M",
         max_model_len=WINDOW,
         cores=available_cores()[:1],
     ) as replicas:
@@ -74,7 +74,7 @@ def output(step: int) -> str:
 
 
 def messages(tag: str, upto: int) -> list[dict[str, Any]]:
-    rules = [f"Rule {i}: keep each edit minimal and say why in one line." for i in range(40)]
+    rules = [f"Rule {i}: keep each edit minimal and say why in one line." for i in range(20)]
     out: list[dict[str, Any]] = [
         {"role": "system", "content": "\n".join([f"[{tag}] You are a coding agent.", *rules])},
         {"role": "user", "content": f"[{tag}] The test suite fails; find out why and fix it."},
@@ -176,4 +176,12 @@ async def test_a_session_past_the_window_compacts_once_and_keeps_its_prefix(
     assert max(s["prompt"] for s in steps) <= WINDOW - MAX_TOKENS
     # No refusal after the first compaction (nor before it: the guard compacted first).
     assert steps[-1]["overflow_retries"] == 0 and steps[-1]["upstream_400"] == 0, figures
-    assert hits / queries >= MIN_CACHED_SHARE, figures
+    # The prefix is kept: after the first compaction, a request that is not itself a
+    # compaction extends the previous prompt and is served from the cache up to that prompt's
+    # last full block (vLLM caches whole blocks only); a compaction keeps the harness's head
+    # (system prompt and task, most of the first request) cached, not re-prefilled.
+    for i in range(first + 1, STEPS):
+        if i in compactions:
+            assert steps[i]["hits"] >= steps[0]["prompt"] // 2, (i, figures)
+        else:
+            assert steps[i]["hits"] >= steps[i - 1]["prompt"] - DEFAULT_BLOCK_SIZE, (i, figures)
