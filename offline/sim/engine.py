@@ -15,8 +15,10 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
   prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
   hit as vLLM's ``prefix_cache_queries``/``hits`` counters do, and stops at the first
   request whose blocks do not fit (head of line).
-- The step's duration comes from the cost model. A prefill that completes samples the first
-  token in the same step; every decode step adds one token; a request ends after its output.
+- The step's duration comes from the cost model (with the streaming of every token it
+  emits, where the serving path shares the engine's cores). A prefill that completes
+  samples the first token in the same step; every decode step adds one token; a request
+  ends after its output.
 
 Between arrivals a replica with only decoding requests and nothing waiting runs many
 identical steps; they are taken as one jump, cut short when a request arrives (it waits at
@@ -44,7 +46,8 @@ class SimRequest:
     ids: np.ndarray  # ids of the full prompt blocks
     prompt_tokens: int
     output_tokens: int
-    arrival: float
+    arrival: float  # at the engine's waiting queue
+    sent: float = 0.0  # by the client (arrival less the serving path's per-request latency)
     computed: int = 0
     output_done: int = 0
     held: int = 0  # ids[:held] are referenced
@@ -169,7 +172,9 @@ class SimReplica:
         decode = sum(1 for r, n in scheduled if n == 1 and r.output_done > 0)
         prefill = sum(n for _, n in scheduled) - decode
         attended = sum(r.computed + n for r, n in scheduled)
-        step_s = self.cost.step_s(prefill, decode, attended)
+        # Decodes and prefills that complete (their first token) stream a token each.
+        emitted = sum(1 for r, n in scheduled if r.computed + n >= r.num_tokens)
+        step_s = self.cost.step_s(prefill, decode, attended, emitted)
         for r, _ in scheduled:
             if r.first_scheduled is None:
                 r.first_scheduled = now
