@@ -169,15 +169,20 @@ class SimReplica:
                 budget -= n
         if not scheduled:
             return None
-        decode = sum(1 for r, n in scheduled if n == 1 and r.output_done > 0)
-        prefill = sum(n for _, n in scheduled) - decode
-        attended = sum(r.computed + n for r, n in scheduled)
-        # Decodes and prefills that complete (their first token) stream a token each.
-        emitted = sum(1 for r, n in scheduled if r.computed + n >= r.num_tokens)
-        step_s = self.cost.step_s(prefill, decode, attended, emitted)
-        for r, _ in scheduled:
+        # One pass over the batch (the simulator's hottest loop): decodes, tokens computed,
+        # tokens attended, and tokens emitted (decodes and prefills that complete).
+        decode = tokens = attended = emitted = 0
+        for r, n in scheduled:
+            if n == 1 and r.output_done > 0:
+                decode += 1
+            tokens += n
+            after = r.computed + n
+            attended += after
+            if after >= r.prompt_tokens + r.output_done:
+                emitted += 1
             if r.first_scheduled is None:
                 r.first_scheduled = now
+        step_s = self.cost.step_s(tokens - decode, decode, attended, emitted)
         self.pending = _Pending(scheduled, now, step_s)
         self.version += 1
         return now + step_s
@@ -185,26 +190,28 @@ class SimReplica:
     def _decode_jump(self, now: float) -> float | None:
         """Many decode-only steps at once, when nothing waits and every running request
         decodes: until the first of them finishes."""
-        if self.waiting or len(self.running) < 1:
+        running = self.running
+        if self.waiting or not running:
             return None
-        if any(r.num_tokens - r.computed != 1 for r in self.running):
-            return None
-        repeat = min(r.output_tokens - r.output_done for r in self.running)
+        repeat = running[0].output_tokens
+        for r in running:
+            if r.prompt_tokens + r.output_done - r.computed != 1:
+                return None
+            repeat = min(repeat, r.output_tokens - r.output_done)
         if repeat < 2:
             return None
         bs = self.cost.block_size
-        extra = sum(
-            math.ceil((r.computed + repeat) / bs) - math.ceil((r.computed + 1) / bs)
-            for r in self.running
-        )
-        for r in self.running:
+        extra = computed = 0
+        for r in running:
+            computed += r.computed
+            extra += -(-(r.computed + repeat) // bs) - -(-(r.computed + 1) // bs)
             fits = -(-(r.computed + 1) // bs) <= r.held + r.anonymous
             if not fits and not self._allocate(r, r.computed + 1, bs):
                 return None
         if extra > self.pool.free:
             return None
-        n = len(self.running)
-        attended = sum(r.computed for r in self.running) + n * (repeat + 1) // 2
+        n = len(running)
+        attended = computed + n * (repeat + 1) // 2
         step_s = self.cost.step_s(0, n, attended)
         self.pending = _Pending([(r, 1) for r in self.running], now, step_s, repeat)
         self.version += 1
@@ -223,17 +230,18 @@ class SimReplica:
         done: list[SimRequest] = []
         # Preemption happens only while a step is planned, and takes the last running
         # requests, never one already scheduled: every scheduled request is still running.
+        repeat = p.repeat
         for req, n in p.scheduled:
-            req.computed += n * p.repeat
-            if req.computed >= req.num_tokens:
-                req.output_done += p.repeat
+            computed = req.computed = req.computed + n * repeat
+            if computed >= req.prompt_tokens + req.output_done:
+                req.output_done += repeat
                 if req.first_token is None:
                     req.first_token = now
                     first.append(req)
                 if req.output_done >= req.output_tokens:
                     req.finished = now
                     done.append(req)
-            if p.repeat > 1 and -(-req.computed // bs) > req.held + req.anonymous:
+            if repeat > 1 and -(-computed // bs) > req.held + req.anonymous:
                 # The jump checked these blocks fit; nothing else allocated since.
                 self._allocate(req, req.computed, bs)
         for req in done:
