@@ -16,7 +16,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway.config import GatewayConfig
 from gateway.fold.refold import FOLD_MODES
-from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from offline.cli_options import (
+    chat_tokenizer,
+    json_option,
+    load_paths,
+    tokenizer_option,
+    trajectory_options,
+)
 from offline.replay import ReplayConfig, request_count
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.report import markdown_table, write_outputs
@@ -44,7 +50,7 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
 
 
 @click.command("simulate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@trajectory_options
 @click.option(
     "--preset",
     type=click.Choice(sorted(COST_PRESETS)),
@@ -103,8 +109,6 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
     help="What sessions replaying one recording share in a replica's cache: only the head "
     "(tools and system prompt, as distinct tasks of one agent do) or everything.",
 )
-@click.option("--strict", is_flag=True, help="Fail on a file that cannot be read as a trajectory.")
-@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
 @click.option(
     "--budget",
     type=click.IntRange(min=1),
@@ -200,13 +204,7 @@ def simulate_command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    spec = tokenizer or default_tokenizer_spec()
-    try:
-        chat = ChatTokenizer(get_counter(spec))
-    except (TokenizerUnavailable, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
-    from gateway.cli import load_paths  # the CLI module imports this one
-
+    chat = chat_tokenizer(tokenizer)
     trajectories = load_paths(paths, strict=strict, console=console)
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
@@ -306,7 +304,7 @@ def simulate_command(
     "Locust experiment's request logs (its fixed-work gateway cells), on top of --base's "
     "engine terms. Repeat for several runs.",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@json_option("Write the fitted coefficients (and the probes' phases) as JSON.")
 def fit_command(
     replica: str | None,
     model: str,
@@ -456,7 +454,7 @@ def _fit_serving_path(
     show_default=True,
     help="Cost model of the experiment's replicas (the KV pool comes from each cell).",
 )
-@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
+@tokenizer_option
 def compare_command(
     experiments: tuple[Path, ...], root: Path, preset: str, tokenizer: str | None
 ) -> None:
@@ -483,11 +481,9 @@ def compare_command(
             f"the experiment's block size {settings['block_size']} is not {preset}'s "
             f"{cost.block_size}"
         )
-    from gateway.cli import load_paths  # the CLI module imports this one
-
     paths = tuple(root / p for p in settings["trajectories"])
     trajectories = load_paths(paths, strict=False, console=console)
-    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
+    chat = chat_tokenizer(tokenizer)
     cap = int(settings.get("max_tokens_cap") or 0)
     workloads = {
         strategy: build_workload(
