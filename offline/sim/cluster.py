@@ -30,7 +30,7 @@ from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import Workload
 from router import ReplicaMetrics, ReplicaPool, RouteHints, make_policy
 from router.cost import CostModel
-from router.policies import StickyPolicy
+from router.policies import AssignedSessionPolicy
 
 T = TypeVar("T")
 
@@ -308,7 +308,7 @@ def simulate(
             return
         del sessions[s.index]
         assignments.forget(tenant, str(s.index))
-        if isinstance(policy, StickyPolicy):
+        if isinstance(policy, AssignedSessionPolicy):
             policy.forget(tenant, str(s.index))
         if config.concurrency is not None and now < config.duration_s:
             start_session(now)
