@@ -243,7 +243,7 @@ class BlockPool:
         chunks = self._resident_ids
         ids = chunks[0] if len(chunks) == 1 else np.concatenate([_NO_IDS, *chunks])
         ids = ids[self.resident[ids]]
-        if len(ids) != self.cached:  # dropped and made resident again: listed twice
+        if len(ids) != self.cached:  # dropped by `drop` and made resident again: twice
             ids = np.unique(ids)
         self._resident_ids = [ids]
         candidates = ids[self.refs[ids] == 0]
@@ -254,6 +254,7 @@ class BlockPool:
             oldest = np.argpartition(self.stamp[candidates], take - 1)[:take]
             candidates = candidates[oldest]
         self.drop(candidates)
+        self._resident_ids = [ids[self.resident[ids]]]
 
     def drop(self, ids: Any) -> None:
         """Evict these cached, unreferenced blocks."""
