@@ -184,30 +184,36 @@ def compare(
     ]
 
 
-def same_order(measured: list[list[float]], simulated: list[float]) -> bool:
-    """Do the runs and the simulation rank the cells alike? ``measured[r][i]`` is run r's
-    figure for cell i; a pair the runs order differently, or tie, is not ordered, and ties
-    in the simulation agree with anything."""
-    n = len(simulated)
+def ordered_pairs(measured: list[list[float]]) -> list[tuple[int, int, float]]:
+    """The pairs of cells (i, j, sign of i - j) every run orders alike; ``measured[r][i]``
+    is run r's figure for cell i. A pair the runs order differently, or tie, is not
+    ordered: its difference is within the measurement's noise."""
+    n = len(measured[0]) if measured else 0
+    pairs = []
     for i in range(n):
         for j in range(i + 1, n):
-            signs = {np.sign(run[i] - run[j]) for run in measured}
-            ordered = len(signs) == 1 and 0 not in signs
-            if ordered and signs.pop() * (simulated[i] - simulated[j]) < 0:
-                return False
-    return True
+            signs = {float(np.sign(run[i] - run[j])) for run in measured}
+            if len(signs) == 1 and 0 not in signs:
+                pairs.append((i, j, signs.pop()))
+    return pairs
 
 
-def orderings(compared: list[Compared]) -> dict[str, bool]:
-    """Per ordered figure: do the simulated cells rank as every measured run does?"""
+def same_order(measured: list[list[float]], simulated: list[float]) -> bool:
+    """Does the simulation rank every ordered pair (``ordered_pairs``) as the runs do?
+    A tie in the simulation agrees with either order."""
+    return all(sign * (simulated[i] - simulated[j]) >= 0 for i, j, sign in ordered_pairs(measured))
+
+
+def orderings(compared: list[Compared]) -> dict[str, tuple[bool, int]]:
+    """Per ordered figure: do the simulated cells rank as every measured run does, and
+    over how many ordered pairs?"""
     n_runs = len(compared[0].runs) if compared else 0
-    return {
-        label: same_order(
-            [[c.runs[r].number(column) for c in compared] for r in range(n_runs)],
-            [c.simulated_figure(column) for c in compared],
-        )
-        for column, label in MEASURES[:ORDERED]
-    }
+    checks = {}
+    for column, label in MEASURES[:ORDERED]:
+        measured = [[c.runs[r].number(column) for c in compared] for r in range(n_runs)]
+        simulated = [c.simulated_figure(column) for c in compared]
+        checks[label] = (same_order(measured, simulated), len(ordered_pairs(measured)))
+    return checks
 
 
 def markdown(compared: list[Compared]) -> str:
@@ -231,9 +237,11 @@ def markdown(compared: list[Compared]) -> str:
     lines += ["| " + " | ".join(fmt(k, r[k]) for k in keys) + " |" for r in rows]
     within = sum(abs(r["hit diff (points)"]) <= 5 for r in rows)
     runs = len(compared[0].runs)
+    pairs = len(rows) * (len(rows) - 1) // 2
     order = "; ".join(
-        f"same order by {label}: {'yes' if ok else 'no'}"
-        for label, ok in orderings(compared).items()
+        f"same order by {label}: {'yes' if ok else 'no'} ({n} of {pairs} pairs ordered by "
+        f"the measurement)"
+        for label, (ok, n) in orderings(compared).items()
     )
     lines.append("")
     lines.append(

@@ -23,7 +23,7 @@ from offline.sim.calibrate import (
     prefill_phase,
 )
 from offline.sim.cluster import CellResult, SimConfig, simulate
-from offline.sim.compare import bucket_bound, same_order
+from offline.sim.compare import bucket_bound, ordered_pairs, same_order
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import build_workload
 from router.cost import CostModel
@@ -199,6 +199,7 @@ def test_cells_are_ordered_only_where_every_measured_run_agrees() -> None:
     assert same_order(runs, [2.0, 1.0, 5.0])  # 0 vs 1 is noise: either order agrees
     assert not same_order(runs, [1.0, 4.0, 3.0])  # 1 vs 2 is not: both runs put 2 higher
     assert same_order([[1.0, 1.0]], [3.0, 2.0])  # a measured tie orders nothing
+    assert ordered_pairs(runs) == [(0, 2, -1.0), (1, 2, -1.0)]
     assert bucket_bound(0.01) == 0.3 and bucket_bound(0.31) == 0.5 and bucket_bound(1e6) == 7680
 
 
@@ -366,7 +367,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     assert row.startswith("| base_sticky_u2 | 60.0% |")  # the runs' mean, then simulated
     assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
     assert "measured: mean of 2 runs; prefix hit within 5 points:" in result.output
-    assert "same order by steps/min: yes" in result.output
+    assert "same order by steps/min: yes (0 of 0 pairs ordered" in result.output
     fit = CliRunner().invoke(main, ["simulate-fit", "--experiment", runs[0]])
     assert fit.exit_code == 0, fit.output
     # cpu-tiny's engine: 11 steps of 15 ms + 1.01 ms + attended; the rest is streaming.
