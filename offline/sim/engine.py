@@ -14,7 +14,8 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
   budget lasts and fewer than ``max_num_seqs`` run. Admission looks up the longest cached
   prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
   hit as vLLM's ``prefix_cache_queries``/``hits`` counters do, and stops at the first
-  request whose blocks do not fit (head of line).
+  request whose blocks do not fit (head of line): all of its blocks, not just the first
+  chunk's, as vLLM checks by default (``scheduler_reserve_full_isl``).
 - The step's duration comes from the cost model (with the streaming of every token it
   emits, where the serving path shares the engine's cores). A prefill that completes
   samples the first token in the same step; every decode step adds one token; a request
@@ -155,6 +156,8 @@ class SimReplica:
                     limit = min(len(req.ids), (req.num_tokens - 1) // bs)
                     hit = self.pool.hits(req.ids, limit) * bs
                 n = min(req.num_tokens - req.computed - hit, budget)
+                if not self._whole_fits(req, hit // bs, bs):
+                    break
                 if not self._allocate(req, req.computed + hit + n, bs):
                     break
                 if req.computed == 0:
@@ -250,6 +253,17 @@ class SimReplica:
         return first, done
 
     # --- blocks ---------------------------------------------------------------------
+
+    def _whole_fits(self, req: SimRequest, hit_blocks: int, bs: int) -> bool:
+        """vLLM admits a waiting request only when its whole sequence fits, not just the
+        first chunk (``scheduler_reserve_full_isl``, on by default in 0.32.0; kv_cache_
+        manager.py ``allocate_slots``): free blocks must cover every block past its
+        prefix hit, plus the hit blocks now sitting unreferenced in the free queue, which
+        it takes out of there."""
+        need = -(-req.num_tokens // bs) - req.held - req.anonymous - hit_blocks
+        if hit_blocks:
+            need += int((self.pool.refs[req.ids[:hit_blocks]] == 0).sum())
+        return need <= self.pool.free
 
     def _allocate(self, req: SimRequest, tokens: int, bs: int) -> bool:
         """Hold the blocks ``tokens`` of ``req`` need (full prompt blocks by their ids)."""

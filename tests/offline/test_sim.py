@@ -127,6 +127,21 @@ def test_a_full_pool_preempts_the_last_request_by_recompute() -> None:
     assert replica.pool.used == 0
 
 
+def test_a_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    # 100 blocks. The first request holds 61; the second's first chunk (16 blocks) would
+    # fit, its whole prompt (51 blocks) does not: it waits, as vLLM's admission gate makes
+    # it, instead of being admitted and preempting its way through.
+    replica = SimReplica.create(0, cost())
+    replica.pool.ensure(200)
+    first, second = request(60, 0, out=20), request(50, 100, out=2)
+    replica.add(first)
+    replica.add(second)
+    run_until_idle(replica)
+    assert replica.stats.preemptions == 0
+    assert second.first_scheduled is not None and first.finished is not None
+    assert second.first_scheduled >= first.finished
+
+
 def test_streamed_tokens_lengthen_the_step_that_emits_them() -> None:
     # 2 requests of 10 blocks (165 tokens) under a 256 budget: step 1 prefills the first
     # (165) and 91 of the second; step 2 finishes the second and decodes the first.
