@@ -156,9 +156,9 @@ PRESETS: dict[str, CostModel] = {
         max_num_seqs=128,
         # `foldgate simulate-fit --experiment` over two runs of the Locust quick profile
         # (2026-11-30, 300 requests through the gateway; each run alone gave 34.2-35.7 ms
-        # and 153-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
+        # and 157-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
         per_output_token_s=0.0349,
-        per_request_s=0.158,
+        per_request_s=0.161,
     ),
 }
 
