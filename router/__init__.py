@@ -7,6 +7,7 @@ from router.failover import UpstreamFailed, with_failover
 from router.metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.policies import (
     POLICY_NAMES,
+    AssignedSessionPolicy,
     CostAwareStickyPolicy,
     Decision,
     LeastLoadedPolicy,
@@ -23,6 +24,7 @@ from router.replica import Replica
 __all__ = [
     "COST_PRESETS",
     "POLICY_NAMES",
+    "AssignedSessionPolicy",
     "AssignmentStore",
     "CostAwareStickyPolicy",
     "CostModel",

@@ -7,11 +7,24 @@ One engine step (vLLM v1 schedules one batch per step) takes
              + per_decode_seq * decoding sequences + per_attended_token * attended tokens
 
 where attended tokens are the context lengths of every scheduled sequence (a decode reads
-its whole KV cache once per step). Presets:
+its whole KV cache once per step). Two more terms cover the serving path around the engine:
+
+- ``per_output_token_s``: CPU work per streamed token outside the engine step (vLLM's API
+  server detokenizes and frames each token as an SSE event, the gateway relays it, the
+  client parses it). Where those processes share the engine's cores (vLLM-CPU on a small
+  machine) every token emitted in a step lengthens that step, so it is added to the step per
+  token emitted; where the frontend has cores of its own (a GPU host) it is 0.
+- ``per_request_s``: latency from the client's send to the engine's waiting queue, taking
+  no engine time (the gateway's render and routing, HTTP, the API server's chat template
+  and tokenization).
+
+Presets:
 
 - ``cpu-tiny``: the random-weight tiny model of ``deploy/cpu`` on vLLM-CPU, one core per
-  replica. Fitted by ``foldgate simulate fit`` from runs it makes against a live replica
-  (the figures below are that command's output on this workplace's 2-core machine).
+  replica. The engine terms are fitted by ``foldgate simulate-fit`` from probes it makes
+  against a live replica, the serving-path terms by ``foldgate simulate-fit --experiment``
+  from a Locust experiment's request log (the figures below are those commands' output on
+  this workplace's 2-core machine).
 - ``h200-qwen3.6-27b``: one H200 serving Qwen3.6-27B in bf16, derived from the hardware
   and model figures cited beside each number.
 """
@@ -35,6 +48,9 @@ class CostModel:
     block_size: int
     max_num_batched_tokens: int
     max_num_seqs: int
+    # The serving path around the engine (module docstring).
+    per_output_token_s: float = 0.0
+    per_request_s: float = 0.0
 
     def __post_init__(self) -> None:
         costs = (
@@ -42,6 +58,8 @@ class CostModel:
             self.per_prefill_token_s,
             self.per_decode_seq_s,
             self.per_attended_token_s,
+            self.per_output_token_s,
+            self.per_request_s,
         )
         if any(c < 0 or not math.isfinite(c) for c in costs):
             raise ValueError(f"cost model {self.name!r}: coefficients must be finite and >= 0")
@@ -50,12 +68,22 @@ class CostModel:
         if self.max_num_seqs < 1 or self.kv_bytes_per_token < 1:
             raise ValueError(f"cost model {self.name!r}: max_num_seqs and KV bytes must be >= 1")
 
-    def step_s(self, prefill_tokens: int, decode_seqs: int, attended_tokens: int) -> float:
+    def step_s(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        attended_tokens: int,
+        emitted_tokens: int | None = None,
+    ) -> float:
+        """One engine step; ``emitted_tokens`` (streamed to clients in this step) defaults
+        to one per decoding sequence."""
+        emitted = decode_seqs if emitted_tokens is None else emitted_tokens
         return (
             self.per_step_s
             + self.per_prefill_token_s * prefill_tokens
             + self.per_decode_seq_s * decode_seqs
             + self.per_attended_token_s * attended_tokens
+            + self.per_output_token_s * emitted
         )
 
     def prefill_s(self, tokens: int) -> float:
@@ -126,6 +154,11 @@ PRESETS: dict[str, CostModel] = {
         block_size=32,
         max_num_batched_tokens=2048,
         max_num_seqs=128,
+        # `foldgate simulate-fit --experiment` over two runs of the Locust quick profile
+        # (2026-11-30, 300 requests through the gateway; each run alone gave 34.2-35.7 ms
+        # and 157-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
+        per_output_token_s=0.0349,
+        per_request_s=0.161,
     ),
 }
 

@@ -417,19 +417,21 @@ class LeastLoadedPolicy(_ProfilePolicy):
         self.profile = Profile(scorers=(Weighted(LoadScorer()),), picker=MaxScorePicker())
 
 
-class _BoundSessions:
-    """Which replica each recently routed session is bound to, as this gateway saw it:
-    the "fewest bound sessions" signal. Bounded: the least recently routed drop out."""
+class _RecentHomes:
+    """Where each recently routed key (a session, a shared prefix) was sent, as this
+    gateway saw it, and how many keys each replica holds. Bounded: the least recently
+    routed keys drop out."""
 
     def __init__(self, limit: int = 65_536) -> None:
         self._where: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.count: Counter[str] = Counter()
         self._limit = limit
 
+    def get(self, key: tuple[str, str]) -> str | None:
+        return self._where.get(key)
+
     def bind(self, key: tuple[str, str], url: str) -> None:
-        old = self._where.pop(key, None)
-        if old is not None:
-            self.count[old] -= 1
+        self.forget(key)
         self._where[key] = url
         self.count[url] += 1
         while len(self._where) > self._limit:
@@ -442,34 +444,29 @@ class _BoundSessions:
             self.count[old] -= 1
 
 
-class StickyPolicy(RoutingPolicy):
-    """Affinity scorer(s) plus the assignment write: the session's replica is kept in the
-    shared store with a TTL, so every gateway replica agrees."""
+class AssignedSessionPolicy(RoutingPolicy):
+    """What every sticky policy does around its scorers: read the session's replica from
+    the shared store, run the profile for a new (or displaced) session or for a bound one,
+    and write the choice back by compare-and-set with a TTL, so every gateway replica
+    agrees. A subclass gives the two profiles, the reason a scored move is logged under,
+    and what its scorers need in the context."""
 
-    name = "sticky"
     # Compare-and-set rounds before giving up when other gateways keep winning with
     # replicas this gateway cannot use.
     _MAX_ROUNDS = 3
     # Reason for a move the scorers chose (the session's replica was usable).
-    _moved_reason = "overloaded"
+    _moved_reason: str
 
     def __init__(
-        self, assignments: AssignmentStore, *, ttl_s: float = 3600.0, rehome_margin: float = 4.0
+        self, assignments: AssignmentStore, *, ttl_s: float, new: Profile, bound: Profile
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-        if rehome_margin < 0:
-            raise ValueError(f"rehome_margin must be >= 0, got {rehome_margin}")
         self._store = assignments
         self.ttl_s = ttl_s
-        self.rehome_margin = rehome_margin
-        self.bound = _BoundSessions()
-        picker = MaxScorePicker()
-        self._new = Profile(scorers=(Weighted(LoadScorer()),), picker=picker)
-        self._bound_profile = Profile(
-            scorers=(Weighted(LoadScorer()), Weighted(AffinityBonusScorer(rehome_margin))),
-            picker=picker,
-        )
+        self._new = new
+        self._bound_profile = bound
+        self.bound = _RecentHomes()
 
     def profile_for(self, ctx: RouteContext) -> Profile:
         """The profile handler: new (or displaced) sessions and bound ones differ."""
@@ -544,7 +541,32 @@ def _displaced(
     return None
 
 
-class CostAwareStickyPolicy(StickyPolicy):
+class StickyPolicy(AssignedSessionPolicy):
+    """Least loaded, plus an affinity bonus of ``rehome_margin`` requests for the session's
+    replica: see the module docstring."""
+
+    name = "sticky"
+    _moved_reason = "overloaded"
+
+    def __init__(
+        self, assignments: AssignmentStore, *, ttl_s: float = 3600.0, rehome_margin: float = 4.0
+    ) -> None:
+        if rehome_margin < 0:
+            raise ValueError(f"rehome_margin must be >= 0, got {rehome_margin}")
+        self.rehome_margin = rehome_margin
+        picker = MaxScorePicker()
+        super().__init__(
+            assignments,
+            ttl_s=ttl_s,
+            new=Profile(scorers=(Weighted(LoadScorer()),), picker=picker),
+            bound=Profile(
+                scorers=(Weighted(LoadScorer()), Weighted(AffinityBonusScorer(rehome_margin))),
+                picker=picker,
+            ),
+        )
+
+
+class CostAwareStickyPolicy(AssignedSessionPolicy):
     """Sticky that prices a move: see the module docstring."""
 
     name = "sticky_cost"
@@ -563,7 +585,6 @@ class CostAwareStickyPolicy(StickyPolicy):
         min_gain_s: float = 0.05,
         new_session_slack_s: float | None = None,
     ) -> None:
-        super().__init__(assignments, ttl_s=ttl_s)
         self.cost = cost
         waits = (cost, typical_prefill_tokens, typical_output_tokens)
         # New sessions: near-shortest queue, then best fit. "Near" is one typical request's
@@ -573,21 +594,25 @@ class CostAwareStickyPolicy(StickyPolicy):
             if new_session_slack_s is None
             else new_session_slack_s
         )
-        self._new = Profile(
-            filters=(QueueSlackFilter(*waits, slack),),
-            scorers=(Weighted(FitScorer()), Weighted(PrefixScorer(cost), 1.0)),
-            picker=MaxScorePicker(),
-        )
-        self._bound_profile = Profile(
-            scorers=(
-                Weighted(QueueWaitScorer(*waits)),
-                Weighted(CachedPrefixScorer(cost, hysteresis, min_gain_s)),
-                Weighted(PrefixScorer(cost)),
+        super().__init__(
+            assignments,
+            ttl_s=ttl_s,
+            new=Profile(
+                filters=(QueueSlackFilter(*waits, slack),),
+                scorers=(Weighted(FitScorer()), Weighted(PrefixScorer(cost), 1.0)),
+                picker=MaxScorePicker(),
             ),
-            picker=MaxScorePicker(),
+            bound=Profile(
+                scorers=(
+                    Weighted(QueueWaitScorer(*waits)),
+                    Weighted(CachedPrefixScorer(cost, hysteresis, min_gain_s)),
+                    Weighted(PrefixScorer(cost)),
+                ),
+                picker=MaxScorePicker(),
+            ),
         )
         # Where each shared prefix was last served (this gateway's view).
-        self._prefix_home: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._prefix_home = _RecentHomes()
 
     async def context(
         self, tenant: str, session: str, hints: RouteHints, current: str | None
@@ -605,11 +630,7 @@ class CostAwareStickyPolicy(StickyPolicy):
     def _bound_to(self, ctx: RouteContext, url: str) -> None:
         super()._bound_to(ctx, url)
         if ctx.hints.prefix_key:
-            key = (ctx.tenant, ctx.hints.prefix_key)
-            self._prefix_home.pop(key, None)
-            self._prefix_home[key] = url
-            while len(self._prefix_home) > 65_536:
-                self._prefix_home.popitem(last=False)
+            self._prefix_home.bind((ctx.tenant, ctx.hints.prefix_key), url)
 
 
 _POLICIES: dict[str, type[RoutingPolicy]] = {

@@ -7,6 +7,11 @@ phase is a known sum of engine steps, so its duration is linear in the cost mode
 coefficients (steps, prefill tokens, decoding sequences, attended tokens); a non-negative
 least-squares fit over the phases gives them.
 
+``fit_serving_path``: the two serving-path terms (per streamed token, per request) from a
+Locust experiment's request log, on top of the engine terms: each request's decode stretch
+and time to first token, less what the engine terms predict for the steps its replica ran
+meanwhile, is what the serving path around the engine cost.
+
 ``replay_on_replica``: the measured side of a calibration cell. The same sessions the
 simulator runs (same trajectories in the same order, same rendered prompt ids, same output
 lengths, no think time, the same concurrency) are sent to the replica as token-id
@@ -102,6 +107,117 @@ def fitted(base: CostModel, coefficients: Sequence[float], name: str | None = No
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ServedRequest:
+    """One request as a Locust user logged it: when it was sent, got its first token and
+    ended (seconds), on which replica, and its token counts."""
+
+    replica: str
+    start: float
+    first_token: float
+    end: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+    @classmethod
+    def from_log(cls, record: dict[str, Any]) -> ServedRequest | None:
+        """A ``requests.jsonl`` record, or None when it cannot be placed (failed, no
+        replica, no token times)."""
+        if not record.get("ok") or not record.get("replica") or record.get("ttft_ms") is None:
+            return None
+        start = float(record["start"])
+        return cls(
+            replica=record["replica"],
+            start=start,
+            first_token=start + record["ttft_ms"] / 1e3,
+            end=start + record["ttlt_ms"] / 1e3,
+            prompt_tokens=int(record["prompt_tokens"] or 0),
+            cached_tokens=int(record["cached_tokens"] or 0),
+            output_tokens=int(record["completion_tokens"] or 0),
+        )
+
+    @property
+    def uncached(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> tuple[float, float]:
+    """``(per_output_token_s, per_request_s)`` from requests served by replicas that
+    ``engine``'s engine terms describe (requests of one replica must come from one run).
+
+    Decode: a request's n tokens after the first took n - 1 engine steps; in each, every
+    other request decoding on its replica then emitted a token too. The stretch's duration
+    less the engine terms' prediction for those steps (and for other requests' prefills
+    that completed inside it) is regressed on the tokens emitted, through the origin.
+    First token: what is left of the time to first token after the request's prefill
+    steps (carrying the decodes running beside it) and, when others decode, half a step
+    already in progress is
+    the per-request latency; the median over requests, so a request that queued behind a
+    long prefill does not count.
+    """
+    by_replica: dict[str, list[ServedRequest]] = {}
+    for r in requests:
+        by_replica.setdefault(r.replica, []).append(r)
+    xs: list[float] = []
+    residuals: list[float] = []
+    firsts: list[tuple[ServedRequest, float, float]] = []
+    for served in by_replica.values():
+        for r in served:
+            others = [o for o in served if o is not r]
+            # Requests decoding when this one was sent: the steps its prefill shares.
+            beside = sum(1 for o in others if o.first_token <= r.start < o.end)
+            context = sum(o.prompt_tokens for o in others if o.first_token <= r.start < o.end)
+            firsts.append((r, beside, context))
+            steps = r.output_tokens - 1
+            span = r.end - r.first_token
+            if steps < 2 or span <= 0:
+                continue
+            # Each other decoder's share of this stretch, and prefills finished inside it.
+            shares = [
+                (o, _overlap(r.first_token, r.end, o.first_token, o.end) / span) for o in others
+            ]
+            emitted = steps * (1 + sum(f for _, f in shares))
+            attended = steps * (
+                r.prompt_tokens
+                + r.output_tokens / 2
+                + sum(f * (o.prompt_tokens + o.output_tokens / 2) for o, f in shares)
+            )
+            prefill = sum(o.uncached for o in others if r.first_token < o.first_token <= r.end)
+            predicted = (
+                steps * engine.per_step_s
+                + prefill * engine.per_prefill_token_s
+                + emitted * engine.per_decode_seq_s
+                + attended * engine.per_attended_token_s
+            )
+            xs.append(emitted)
+            residuals.append(span - predicted)
+    if not xs:
+        raise ValueError("no request with a decode stretch to fit")
+    x, y = np.asarray(xs), np.asarray(residuals)
+    per_token = max(0.0, float(x @ y / (x @ x)))
+    left = []
+    for r, beside, context in firsts:
+        chunks = max(1, math.ceil(r.uncached / engine.max_num_batched_tokens))
+        decode_step = (
+            engine.per_step_s
+            + beside * (engine.per_decode_seq_s + per_token)
+            + context * engine.per_attended_token_s
+        )
+        prefill = (
+            chunks * decode_step
+            + r.uncached * engine.per_prefill_token_s
+            + r.prompt_tokens * engine.per_attended_token_s
+        )
+        in_progress = decode_step / 2 if beside else 0.0
+        left.append(r.first_token - r.start - prefill - in_progress)
+    return per_token, max(0.0, float(np.median(left)))
+
+
 async def _stream(
     session: aiohttp.ClientSession,
     url: str,
@@ -109,9 +225,11 @@ async def _stream(
     prompt: list[int],
     max_tokens: int,
     cache_salt: str | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> list[float]:
     """Send a completion of token ids; the arrival time of every streamed token.
-    ``cache_salt`` (vLLM's) keeps the request's cached blocks apart from other salts'."""
+    ``cache_salt`` (vLLM's) keeps the request's cached blocks apart from other salts';
+    ``usage``, when given, receives the reply's usage."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
@@ -120,6 +238,7 @@ async def _stream(
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
@@ -133,6 +252,8 @@ async def _stream(
             chunk = json.loads(line[5:])
             if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                 times.append(time.perf_counter())
+            if usage is not None and chunk.get("usage"):
+                usage.update(chunk["usage"])
     return times
 
 
@@ -180,6 +301,7 @@ class MeasuredCell:
     prefix_queries: float
     prefix_hits: float
     seconds: float
+    served: tuple[ServedRequest, ...]
 
     @property
     def hit_rate(self) -> float:
@@ -219,17 +341,31 @@ async def replay_on_replica(
     queue: asyncio.Queue[int] = asyncio.Queue()
     for s in range(sessions):
         queue.put_nowait(s)
-    requests = 0
+    served: list[ServedRequest] = []
 
     async def session_runner(client: aiohttp.ClientSession) -> None:
-        nonlocal requests
         while not queue.empty():
             s = queue.get_nowait()
             run = workload.runs[(order[s % len(order)], strategy)]
             for step in run.steps:
                 assert step.tokens is not None
-                await _stream(client, url, model, step.tokens.tolist(), step.output_tokens, salt)
-                requests += 1
+                usage: dict[str, Any] = {}
+                sent = time.perf_counter()
+                times = await _stream(
+                    client, url, model, step.tokens.tolist(), step.output_tokens, salt, usage
+                )
+                details = usage.get("prompt_tokens_details") or {}
+                served.append(
+                    ServedRequest(
+                        replica=url,
+                        start=sent,
+                        first_token=times[0],
+                        end=times[-1],
+                        prompt_tokens=int(usage.get("prompt_tokens", len(step.tokens))),
+                        cached_tokens=int(details.get("cached_tokens") or 0),
+                        output_tokens=len(times),
+                    )
+                )
 
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as client:
@@ -238,7 +374,7 @@ async def replay_on_replica(
         await asyncio.gather(*(session_runner(client) for _ in range(concurrency)))
         seconds = time.perf_counter() - started
         q1, h1 = await _counters(client, url)
-    return MeasuredCell(strategy, requests, q1 - q0, h1 - h0, seconds)
+    return MeasuredCell(strategy, len(served), q1 - q0, h1 - h0, seconds, tuple(served))
 
 
 def cells_agree(simulated: float, measured: float, points: float = 5.0) -> bool:

@@ -16,13 +16,19 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway.config import GatewayConfig
 from gateway.fold.refold import FOLD_MODES
-from gateway.tokens import ChatTokenizer, TokenizerUnavailable, default_tokenizer_spec, get_counter
+from offline.cli_options import (
+    chat_tokenizer,
+    json_option,
+    load_paths,
+    tokenizer_option,
+    trajectory_options,
+)
 from offline.replay import ReplayConfig, request_count
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.report import markdown_table, write_outputs
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
 from router import COST_PRESETS, POLICY_NAMES
-from router.cost import get_preset
+from router.cost import CostModel, get_preset
 
 # The workload and the progress queue, inherited by forked workers (not pickled per cell).
 _WORKLOAD: Workload | None = None
@@ -44,7 +50,7 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
 
 
 @click.command("simulate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@trajectory_options
 @click.option(
     "--preset",
     type=click.Choice(sorted(COST_PRESETS)),
@@ -103,8 +109,6 @@ def _run_cell(index: int, config: SimConfig) -> tuple[int, CellResult]:
     help="What sessions replaying one recording share in a replica's cache: only the head "
     "(tools and system prompt, as distinct tasks of one agent do) or everything.",
 )
-@click.option("--strict", is_flag=True, help="Fail on a file that cannot be read as a trajectory.")
-@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
 @click.option(
     "--budget",
     type=click.IntRange(min=1),
@@ -200,13 +204,7 @@ def simulate_command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    spec = tokenizer or default_tokenizer_spec()
-    try:
-        chat = ChatTokenizer(get_counter(spec))
-    except (TokenizerUnavailable, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
-    from gateway.cli import load_paths  # the CLI module imports this one
-
+    chat = chat_tokenizer(tokenizer)
     trajectories = load_paths(paths, strict=strict, console=console)
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
@@ -297,7 +295,16 @@ def simulate_command(
 )
 @click.option("--output-tokens", type=click.IntRange(min=3), default=24, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--experiment",
+    "experiments",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Fit the serving-path terms (per streamed token, per request) instead, from this "
+    "Locust experiment's request logs (its fixed-work gateway cells), on top of --base's "
+    "engine terms. Repeat for several runs.",
+)
+@json_option("Write the fitted coefficients (and the probes' phases) as JSON.")
 def fit_command(
     replica: str | None,
     model: str,
@@ -305,18 +312,28 @@ def fit_command(
     prompt_sizes: str,
     output_tokens: int,
     seed: int,
+    experiments: tuple[Path, ...],
     json_path: Path | None,
 ) -> None:
-    """Fit a cost model's coefficients from probes of a live vLLM replica.
+    """Fit a cost model's coefficients from probes of a live vLLM replica, or its
+    serving-path terms from a Locust experiment.
 
-    Cold prompts of random token ids, alone and four at a time, are streamed; each
+    Probes: cold prompts of random token ids, alone and four at a time, are streamed; each
     prefill (time to first token) and decode stretch is a known number of engine steps,
     so a non-negative least-squares fit gives seconds per step, per prefill token, per
     decoding sequence and per attended token. Prints them as a preset to paste into
     router/cost.py, with the fit's error per probe.
+
+    --experiment: what the requests the Locust users logged took beyond the engine terms'
+    prediction (the API server's and the gateway's work per streamed token, sharing the
+    replicas' cores, and per request), as per_output_token_s and per_request_s.
     """
     import asyncio
     import json
+
+    if experiments:
+        _fit_serving_path(experiments, get_preset(base), json_path)
+        return
 
     from deploy.cpu.replicas import available_cores, free_ports, start_replicas
     from offline.sim.calibrate import fit_coefficients, fitted, measure_phases
@@ -385,8 +402,44 @@ def fit_command(
         )
 
 
+def _fit_serving_path(
+    experiments: tuple[Path, ...], base: CostModel, json_path: Path | None
+) -> None:
+    import json
+
+    from offline.sim.calibrate import fit_serving_path
+    from offline.sim.compare import read_experiment
+
+    served = [r for folder in experiments for c in read_experiment(folder)[1] for r in c.served()]
+    try:
+        per_token, per_request = fit_serving_path(served, base)
+    except ValueError as exc:
+        raise click.UsageError(f"{', '.join(map(str, experiments))}: {exc}") from exc
+    click.echo(
+        f"{len(served)} requests; engine terms of {base.name}: per_step_s={base.per_step_s:.3g}, "
+        f"per_decode_seq_s={base.per_decode_seq_s:.3g}"
+    )
+    click.echo(f"per_output_token_s={per_token:.3g}, per_request_s={per_request:.3g},")
+    if json_path is not None:
+        json_path.write_text(
+            json.dumps(
+                {
+                    "per_output_token_s": per_token,
+                    "per_request_s": per_request,
+                    "requests": len(served),
+                },
+                indent=1,
+            )
+        )
+
+
 @click.command("simulate-compare")
-@click.argument("experiment", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument(
+    "experiments",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
 @click.option(
     "--root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -401,31 +454,36 @@ def fit_command(
     show_default=True,
     help="Cost model of the experiment's replicas (the KV pool comes from each cell).",
 )
-@click.option("--tokenizer", default=None, help="As for `foldgate replay` [default: qwen3.6].")
-def compare_command(experiment: Path, root: Path, preset: str, tokenizer: str | None) -> None:
+@tokenizer_option
+def compare_command(
+    experiments: tuple[Path, ...], root: Path, preset: str, tokenizer: str | None
+) -> None:
     """Simulate every fixed-work cell of a Locust experiment and print simulated beside
-    measured: vLLM's prefix-hit rate, queue time p95, session-steps/min, prompt tokens.
+    measured: vLLM's prefix-hit rate, queue time (mean, p95 bucket), session-steps/min,
+    TTFT p50, prompt tokens; then whether the cells agree on hit rate (5 points) and rank
+    alike by queue time and throughput.
 
-    EXPERIMENT is the folder `python -m loadtests.experiment --out` wrote (profile.json,
-    results.csv).
+    EXPERIMENTS: folders `python -m loadtests.experiment --out` wrote (profile.json,
+    results.csv), one or several runs of the same profile. With several, the measured
+    figures are their mean, and only orders every run agrees on are checked.
     """
-    from offline.sim.compare import compare, markdown, read_experiment
+    from offline.sim.compare import compare, markdown, read_runs
 
     console = Console(stderr=True)
-    settings, cells = read_experiment(experiment)
+    settings, cells = read_runs(list(experiments))
     if not cells:
-        raise click.UsageError(f"{experiment}: no fixed-work gateway cells with results")
+        raise click.UsageError(
+            f"{', '.join(map(str, experiments))}: no fixed-work gateway cells with results"
+        )
     cost = get_preset(preset)
     if int(settings.get("block_size", cost.block_size)) != cost.block_size:
         raise click.UsageError(
             f"the experiment's block size {settings['block_size']} is not {preset}'s "
             f"{cost.block_size}"
         )
-    from gateway.cli import load_paths  # the CLI module imports this one
-
     paths = tuple(root / p for p in settings["trajectories"])
     trajectories = load_paths(paths, strict=False, console=console)
-    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
+    chat = chat_tokenizer(tokenizer)
     cap = int(settings.get("max_tokens_cap") or 0)
     workloads = {
         strategy: build_workload(
@@ -439,6 +497,6 @@ def compare_command(experiment: Path, root: Path, preset: str, tokenizer: str | 
             max_steps=int(settings.get("max_steps") or 0) or None,
             max_output_tokens=cap or 1 << 30,
         )
-        for strategy in sorted({c.strategy for c in cells})
+        for strategy in sorted({runs[0].strategy for runs in cells})
     }
     click.echo(markdown(compare(workloads, cells, settings, cost)))

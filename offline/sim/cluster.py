@@ -30,11 +30,11 @@ from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import Workload
 from router import ReplicaMetrics, ReplicaPool, RouteHints, make_policy
 from router.cost import CostModel
-from router.policies import StickyPolicy
+from router.policies import AssignedSessionPolicy
 
 T = TypeVar("T")
 
-_STEP_END, _SEND, _SCRAPE, _ARRIVE = range(4)
+_STEP_END, _SEND, _SCRAPE, _ARRIVE, _ENQUEUE = range(5)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -243,6 +243,24 @@ def simulate(
         # Sessions do not start in lockstep: the first request after one think time.
         push(now + rng.expovariate(1 / config.think_s) if config.think_s else now, _SEND, s.index)
 
+    # A routed request on its way to the engine (cost.per_request_s), by session: a
+    # session has one request in flight at a time.
+    in_transit: dict[int, SimRequest] = {}
+    last_finish = 0.0
+
+    def enqueue(now: float, req: SimRequest) -> None:
+        req.arrival = now
+        engine = engines[req.replica]
+        engine.add(req)
+        if not engine.busy:
+            end = engine.start_step(now)
+            if end is not None:
+                push(end, _STEP_END, engine.index, engine.version)
+        else:
+            moved = engine.interrupt(now)
+            if moved is not None:
+                push(moved, _STEP_END, engine.index, engine.version)
+
     def send(now: float, s: _Session) -> None:
         step = workload.runs[(s.trajectory, config.strategy)].steps[s.step]
         ids = np.concatenate([step.head, step.own + s.base]) if len(step.own) else step.head
@@ -256,28 +274,32 @@ def simulate(
         if decision.moved_from is not None and now >= config.warmup_s:
             result.moves += 1
         decision.replica.in_flight += 1
-        engine = engines[index_of[decision.replica.url]]
-        engine.add(
-            SimRequest(s.index, engine.index, ids, step.prompt_tokens, step.output_tokens, now)
+        req = SimRequest(
+            s.index,
+            index_of[decision.replica.url],
+            ids,
+            step.prompt_tokens,
+            step.output_tokens,
+            arrival=now,
+            sent=now,
         )
-        if not engine.busy:
-            end = engine.start_step(now)
-            if end is not None:
-                push(end, _STEP_END, engine.index, engine.version)
-        else:
-            moved = engine.interrupt(now)
-            if moved is not None:
-                push(moved, _STEP_END, engine.index, engine.version)
         s.last_prompt = step.prompt_tokens
+        if cost.per_request_s > 0:
+            in_transit[s.index] = req
+            push(now + cost.per_request_s, _ENQUEUE, s.index)
+        else:
+            enqueue(now, req)
 
     def finished(now: float, req: SimRequest) -> None:
+        nonlocal last_finish
         s = sessions[req.session]
         pool.replicas[req.replica].in_flight -= 1
-        if req.arrival >= config.warmup_s:
+        last_finish = now
+        if req.sent >= config.warmup_s:
             result.requests += 1
             assert req.first_scheduled is not None and req.first_token is not None
             result.queue_s.append(req.first_scheduled - req.arrival)
-            result.ttft_s.append(req.first_token - req.arrival)
+            result.ttft_s.append(req.first_token - req.sent)
         s.step += 1
         run = workload.runs[(s.trajectory, config.strategy)]
         if s.step < len(run.steps):
@@ -286,7 +308,7 @@ def simulate(
             return
         del sessions[s.index]
         assignments.forget(tenant, str(s.index))
-        if isinstance(policy, StickyPolicy):
+        if isinstance(policy, AssignedSessionPolicy):
             policy.forget(tenant, str(s.index))
         if config.concurrency is not None and now < config.duration_s:
             start_session(now)
@@ -324,6 +346,8 @@ def simulate(
         elif kind == _SEND:
             if a in sessions:
                 send(now, sessions[a])
+        elif kind == _ENQUEUE:
+            enqueue(now, in_transit.pop(a))
         elif kind == _SCRAPE:
             usage = [e.pool.usage for e in engines]
             for r, e, u in zip(pool.replicas, engines, usage, strict=True):
@@ -348,7 +372,10 @@ def simulate(
     result.prefix_hits = end_counters[1] - counters_at_warmup[1]
     result.preemptions = end_counters[2] - counters_at_warmup[2]
     result.sessions_started = started
-    # A run with a session limit may end before its duration: measure what ran.
+    # A run with a session limit may end before its duration: measure until its last
+    # reply, as a Locust run of fixed work is timed from its first request to its last.
+    if config.sessions is not None and not sessions:
+        now = last_finish
     result.window_s = max(now - config.warmup_s, 1e-9)
     if on_progress is not None:
         on_progress(config.duration_s)

@@ -8,6 +8,11 @@ replaying the i-th trajectory as loaded, ``max_steps`` steps, no think time, the
 reply lengths) becomes a ``SimConfig`` with the same replicas, KV pool, routing policy and
 strategy; the simulator's replica shape comes from the ``cpu-tiny`` preset with the cell's
 KV pool.
+
+Several runs of one profile can be compared at once: the measured figures are their mean,
+and two cells count as ordered (by queue time or throughput) only where every run orders
+them alike; where the runs disagree the difference is within the measurement's own noise,
+and either order agrees with it.
 """
 
 from __future__ import annotations
@@ -18,9 +23,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from loadtests.results import load_requests
+from offline.sim.calibrate import ServedRequest
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.workload import Workload
 from router.cost import CostModel
+
+# vLLM's bucket bounds for vllm:request_queue_time_seconds (REQUEST_LATENCY_BUCKETS in
+# vllm/v1/metrics/buckets.py, 0.32.0): a measured p95 is the bound of the bucket holding it
+# (loadtests/vllm_metrics.py), so the simulated one is read the same way.
+QUEUE_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                      50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+# The figures compared, as (results.csv column, label); the first three are ordered.
+MEASURES = (
+    ("vllm_queue_time_mean_s", "queue mean s"),
+    ("vllm_queue_time_p95_s", "queue p95 ≤ s"),
+    ("session_steps_per_min", "steps/min"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+)
+ORDERED = 3
+
+
+def bucket_bound(seconds: float) -> float:
+    return next((b for b in QUEUE_TIME_BUCKETS if seconds <= b), QUEUE_TIME_BUCKETS[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +59,15 @@ class LocustCell:
     users: int
     kv_cache_bytes: int
     measured: dict[str, str]
+    folder: Path
 
     def number(self, column: str) -> float:
         return float(self.measured[column])
+
+    def served(self) -> list[ServedRequest]:
+        """The cell's requests as its Locust users logged them."""
+        records = (ServedRequest.from_log(r) for r in load_requests(self.folder / self.name))
+        return [r for r in records if r is not None]
 
 
 def read_experiment(folder: Path) -> tuple[dict[str, Any], list[LocustCell]]:
@@ -49,6 +83,7 @@ def read_experiment(folder: Path) -> tuple[dict[str, Any], list[LocustCell]]:
             users=int(c["users"]),
             kv_cache_bytes=int(c["kv_cache_bytes"]),
             measured=rows[c["cell"]],
+            folder=folder,
         )
         for c in profile["cells"]
         if c["arm"] == "gateway" and c["load"] == "sessions" and c["cell"] in rows
@@ -79,47 +114,106 @@ def sim_config(cell: LocustCell, settings: dict[str, Any], base: CostModel) -> S
 
 @dataclass(frozen=True, slots=True)
 class Compared:
-    cell: LocustCell
+    """One cell: its measured rows (one per run of the profile) and the simulated run."""
+
+    runs: tuple[LocustCell, ...]
     simulated: CellResult
 
+    @property
+    def name(self) -> str:
+        return self.runs[0].name
+
+    def measured(self, column: str) -> float:
+        return float(np.mean([c.number(column) for c in self.runs]))
+
+    def simulated_figure(self, column: str) -> float:
+        sim = self.simulated
+        if column == "vllm_prefix_hit_rate":
+            return sim.hit_rate
+        if column == "vllm_queue_time_mean_s":
+            return float(np.mean(sim.queue_s)) if sim.queue_s else 0.0
+        if column == "vllm_queue_time_p95_s":
+            return bucket_bound(float(np.percentile(sim.queue_s, 95))) if sim.queue_s else 0.0
+        if column == "session_steps_per_min":
+            return sim.steps_per_min
+        if column == "ttft_p50_ms":
+            return 1e3 * float(np.median(sim.ttft_s)) if sim.ttft_s else 0.0
+        raise KeyError(column)
+
     def row(self) -> dict[str, Any]:
-        sim = self.simulated.summary()
-        measured_hit = self.cell.number("vllm_prefix_hit_rate")
-        return {
-            "cell": self.cell.name,
-            "hit measured": measured_hit,
-            "hit simulated": sim["prefix_hit_rate"],
-            "hit diff (points)": 100 * (sim["prefix_hit_rate"] - measured_hit),
-            "queue p95 measured s": self.cell.number("vllm_queue_time_p95_s"),
-            "queue p95 simulated s": sim["queue_p95_s"],
-            "steps/min measured": self.cell.number("session_steps_per_min"),
-            "steps/min simulated": sim["session_steps_per_min"],
-            "prompt tokens measured": self.cell.number("vllm_prompt_tokens"),
-            "prompt tokens simulated": self.simulated.prefix_queries,
+        hit = self.measured("vllm_prefix_hit_rate")
+        sim_hit = self.simulated.hit_rate
+        row: dict[str, Any] = {
+            "cell": self.name,
+            "hit measured": hit,
+            "hit simulated": sim_hit,
+            "hit diff (points)": 100 * (sim_hit - hit),
         }
+        for column, label in MEASURES:
+            row[f"{label} measured"] = self.measured(column)
+            row[f"{label} simulated"] = self.simulated_figure(column)
+        row["prompt tokens measured"] = self.measured("vllm_prompt_tokens")
+        row["prompt tokens simulated"] = self.simulated.prefix_queries
+        return row
+
+
+def read_runs(folders: list[Path]) -> tuple[dict[str, Any], list[tuple[LocustCell, ...]]]:
+    """Several runs of one profile: the first run's settings, and per cell its row from
+    every run (cells missing from any run are left out)."""
+    read = [read_experiment(f) for f in folders]
+    settings = read[0][0]
+    by_name = [{c.name: c for c in cells} for _, cells in read]
+    return settings, [
+        tuple(run[c.name] for run in by_name)
+        for c in read[0][1]
+        if all(c.name in run for run in by_name)
+    ]
 
 
 def compare(
     workloads: dict[str, Workload],
-    cells: list[LocustCell],
+    cells: list[tuple[LocustCell, ...]],
     settings: dict[str, Any],
     base: CostModel,
 ) -> list[Compared]:
-    """Simulate each cell; ``workloads`` is keyed by strategy."""
+    """Simulate each cell (its runs' settings are one profile's); ``workloads`` is keyed
+    by strategy."""
     return [
-        Compared(cell, simulate(workloads[cell.strategy], sim_config(cell, settings, base)))
-        for cell in cells
+        Compared(runs, simulate(workloads[runs[0].strategy], sim_config(runs[0], settings, base)))
+        for runs in cells
     ]
 
 
-def same_order(measured: list[float], simulated: list[float]) -> bool:
-    """Do the two rank the cells alike (ties in either count as agreeing)?"""
-    n = len(measured)
-    return all(
-        (measured[i] - measured[j]) * (simulated[i] - simulated[j]) >= 0
-        for i in range(n)
-        for j in range(i + 1, n)
-    )
+def ordered_pairs(measured: list[list[float]]) -> list[tuple[int, int, float]]:
+    """The pairs of cells (i, j, sign of i - j) every run orders alike; ``measured[r][i]``
+    is run r's figure for cell i. A pair the runs order differently, or tie, is not
+    ordered: its difference is within the measurement's noise."""
+    n = len(measured[0]) if measured else 0
+    pairs = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            signs = {float(np.sign(run[i] - run[j])) for run in measured}
+            if len(signs) == 1 and 0 not in signs:
+                pairs.append((i, j, signs.pop()))
+    return pairs
+
+
+def same_order(measured: list[list[float]], simulated: list[float]) -> bool:
+    """Does the simulation rank every ordered pair (``ordered_pairs``) as the runs do?
+    A tie in the simulation agrees with either order."""
+    return all(sign * (simulated[i] - simulated[j]) >= 0 for i, j, sign in ordered_pairs(measured))
+
+
+def orderings(compared: list[Compared]) -> dict[str, tuple[bool, int]]:
+    """Per ordered figure: do the simulated cells rank as every measured run does, and
+    over how many ordered pairs?"""
+    n_runs = len(compared[0].runs) if compared else 0
+    checks = {}
+    for column, label in MEASURES[:ORDERED]:
+        measured = [[c.runs[r].number(column) for c in compared] for r in range(n_runs)]
+        simulated = [c.simulated_figure(column) for c in compared]
+        checks[label] = (same_order(measured, simulated), len(ordered_pairs(measured)))
+    return checks
 
 
 def markdown(compared: list[Compared]) -> str:
@@ -131,22 +225,27 @@ def markdown(compared: list[Compared]) -> str:
     def fmt(key: str, v: Any) -> str:
         if key.startswith("hit") and "diff" not in key:
             return f"{100 * v:.1f}%"
-        if isinstance(v, float):
-            return f"{v:+.1f}" if "diff" in key else f"{v:,.2f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
+        if "diff" in key:
+            return f"{v:+.1f}"
+        if "tokens" in key or "TTFT" in key:
+            return f"{v:,.0f}"
+        if "steps/min" in key:
+            return f"{v:.1f}"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(fmt(k, r[k]) for k in keys) + " |" for r in rows]
-    queue = same_order(
-        [r["queue p95 measured s"] for r in rows], [r["queue p95 simulated s"] for r in rows]
-    )
-    steps = same_order(
-        [r["steps/min measured"] for r in rows], [r["steps/min simulated"] for r in rows]
-    )
     within = sum(abs(r["hit diff (points)"]) <= 5 for r in rows)
+    runs = len(compared[0].runs)
+    pairs = len(rows) * (len(rows) - 1) // 2
+    order = "; ".join(
+        f"same order by {label}: {'yes' if ok else 'no'} ({n} of {pairs} pairs ordered by "
+        f"the measurement)"
+        for label, (ok, n) in orderings(compared).items()
+    )
     lines.append("")
     lines.append(
-        f"prefix hit within 5 points: {within} of {len(rows)} cells; same order by queue p95: "
-        f"{'yes' if queue else 'no'}; by steps/min: {'yes' if steps else 'no'}"
+        f"measured: mean of {runs} run{'s' if runs > 1 else ''}; prefix hit within 5 points: "
+        f"{within} of {len(rows)} cells; {order}"
     )
     return "\n".join(lines)

@@ -14,9 +14,12 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
   budget lasts and fewer than ``max_num_seqs`` run. Admission looks up the longest cached
   prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
   hit as vLLM's ``prefix_cache_queries``/``hits`` counters do, and stops at the first
-  request whose blocks do not fit (head of line).
-- The step's duration comes from the cost model. A prefill that completes samples the first
-  token in the same step; every decode step adds one token; a request ends after its output.
+  request whose blocks do not fit (head of line): all of its blocks, not just the first
+  chunk's, as vLLM checks by default (``scheduler_reserve_full_isl``).
+- The step's duration comes from the cost model (with the streaming of every token it
+  emits, where the serving path shares the engine's cores). A prefill that completes
+  samples the first token in the same step; every decode step adds one token; a request
+  ends after its output.
 
 Between arrivals a replica with only decoding requests and nothing waiting runs many
 identical steps; they are taken as one jump, cut short when a request arrives (it waits at
@@ -44,7 +47,8 @@ class SimRequest:
     ids: np.ndarray  # ids of the full prompt blocks
     prompt_tokens: int
     output_tokens: int
-    arrival: float
+    arrival: float  # at the engine's waiting queue
+    sent: float = 0.0  # by the client (arrival less the serving path's per-request latency)
     computed: int = 0
     output_done: int = 0
     held: int = 0  # ids[:held] are referenced
@@ -152,6 +156,8 @@ class SimReplica:
                     limit = min(len(req.ids), (req.num_tokens - 1) // bs)
                     hit = self.pool.hits(req.ids, limit) * bs
                 n = min(req.num_tokens - req.computed - hit, budget)
+                if not self._whole_fits(req, hit // bs, bs):
+                    break
                 if not self._allocate(req, req.computed + hit + n, bs):
                     break
                 if req.computed == 0:
@@ -166,13 +172,20 @@ class SimReplica:
                 budget -= n
         if not scheduled:
             return None
-        decode = sum(1 for r, n in scheduled if n == 1 and r.output_done > 0)
-        prefill = sum(n for _, n in scheduled) - decode
-        attended = sum(r.computed + n for r, n in scheduled)
-        step_s = self.cost.step_s(prefill, decode, attended)
-        for r, _ in scheduled:
+        # One pass over the batch (the simulator's hottest loop): decodes, tokens computed,
+        # tokens attended, and tokens emitted (decodes and prefills that complete).
+        decode = tokens = attended = emitted = 0
+        for r, n in scheduled:
+            if n == 1 and r.output_done > 0:
+                decode += 1
+            tokens += n
+            after = r.computed + n
+            attended += after
+            if after >= r.prompt_tokens + r.output_done:
+                emitted += 1
             if r.first_scheduled is None:
                 r.first_scheduled = now
+        step_s = self.cost.step_s(tokens - decode, decode, attended, emitted)
         self.pending = _Pending(scheduled, now, step_s)
         self.version += 1
         return now + step_s
@@ -180,26 +193,28 @@ class SimReplica:
     def _decode_jump(self, now: float) -> float | None:
         """Many decode-only steps at once, when nothing waits and every running request
         decodes: until the first of them finishes."""
-        if self.waiting or len(self.running) < 1:
+        running = self.running
+        if self.waiting or not running:
             return None
-        if any(r.num_tokens - r.computed != 1 for r in self.running):
-            return None
-        repeat = min(r.output_tokens - r.output_done for r in self.running)
+        repeat = running[0].output_tokens
+        for r in running:
+            if r.prompt_tokens + r.output_done - r.computed != 1:
+                return None
+            repeat = min(repeat, r.output_tokens - r.output_done)
         if repeat < 2:
             return None
         bs = self.cost.block_size
-        extra = sum(
-            math.ceil((r.computed + repeat) / bs) - math.ceil((r.computed + 1) / bs)
-            for r in self.running
-        )
-        for r in self.running:
+        extra = computed = 0
+        for r in running:
+            computed += r.computed
+            extra += -(-(r.computed + repeat) // bs) - -(-(r.computed + 1) // bs)
             fits = -(-(r.computed + 1) // bs) <= r.held + r.anonymous
             if not fits and not self._allocate(r, r.computed + 1, bs):
                 return None
         if extra > self.pool.free:
             return None
-        n = len(self.running)
-        attended = sum(r.computed for r in self.running) + n * (repeat + 1) // 2
+        n = len(running)
+        attended = computed + n * (repeat + 1) // 2
         step_s = self.cost.step_s(0, n, attended)
         self.pending = _Pending([(r, 1) for r in self.running], now, step_s, repeat)
         self.version += 1
@@ -218,17 +233,18 @@ class SimReplica:
         done: list[SimRequest] = []
         # Preemption happens only while a step is planned, and takes the last running
         # requests, never one already scheduled: every scheduled request is still running.
+        repeat = p.repeat
         for req, n in p.scheduled:
-            req.computed += n * p.repeat
-            if req.computed >= req.num_tokens:
-                req.output_done += p.repeat
+            computed = req.computed = req.computed + n * repeat
+            if computed >= req.prompt_tokens + req.output_done:
+                req.output_done += repeat
                 if req.first_token is None:
                     req.first_token = now
                     first.append(req)
                 if req.output_done >= req.output_tokens:
                     req.finished = now
                     done.append(req)
-            if p.repeat > 1 and -(-req.computed // bs) > req.held + req.anonymous:
+            if repeat > 1 and -(-computed // bs) > req.held + req.anonymous:
                 # The jump checked these blocks fit; nothing else allocated since.
                 self._allocate(req, req.computed, bs)
         for req in done:
@@ -237,6 +253,17 @@ class SimReplica:
         return first, done
 
     # --- blocks ---------------------------------------------------------------------
+
+    def _whole_fits(self, req: SimRequest, hit_blocks: int, bs: int) -> bool:
+        """vLLM admits a waiting request only when its whole sequence fits, not just the
+        first chunk (``scheduler_reserve_full_isl``, on by default in 0.32.0; kv_cache_
+        manager.py ``allocate_slots``): free blocks must cover every block past its
+        prefix hit, plus the hit blocks now sitting unreferenced in the free queue, which
+        it takes out of there."""
+        need = -(-req.num_tokens // bs) - req.held - req.anonymous - hit_blocks
+        if hit_blocks:
+            need += int((self.pool.refs[req.ids[:hit_blocks]] == 0).sum())
+        return need <= self.pool.free
 
     def _allocate(self, req: SimRequest, tokens: int, bs: int) -> bool:
         """Hold the blocks ``tokens`` of ``req`` need (full prompt blocks by their ids)."""

@@ -4,13 +4,15 @@ cost-model fit from probes.
 The same sessions (same rendered prompts, same output lengths, same order, same
 concurrency, no think time) run on one real replica and on one simulated ``cpu-tiny``
 replica; the replica's own prefix-cache counters and the simulator's must agree within 5
-points, and count the same prompt tokens.
+points, and count the same prompt tokens. The serving-path terms fitted from one strategy's
+requests then predict how long the other strategy's cell took.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,13 @@ from offline.replay import ReplayConfig
 from offline.sim.calibrate import (
     cells_agree,
     fit_coefficients,
+    fit_serving_path,
     measure_phases,
     replay_on_replica,
 )
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.workload import build_workload
-from router.cost import get_preset
+from router.cost import CostModel, get_preset
 
 pytestmark = pytest.mark.e2e
 
@@ -70,24 +73,27 @@ def test_simulated_prefix_hits_match_a_real_replica(vllm_replicas: list[str]) ->
         keep_tokens=True,
         max_output_tokens=4,
     )
+
+    def cell(strategy: str, cost: CostModel) -> SimConfig:
+        return SimConfig(
+            policy="round_robin",
+            strategy=strategy,
+            cost=cost,
+            replicas=1,
+            concurrency=2,
+            sessions=3,
+            think_s=0,
+            duration_s=10_000,
+            warmup_s=0,
+        )
+
+    cells = {}
     for strategy in ("base", "refold"):
         measured = asyncio.run(
             replay_on_replica(url, "tiny", workload, strategy, sessions=3, concurrency=2)
         )
-        simulated = simulate(
-            workload,
-            SimConfig(
-                policy="round_robin",
-                strategy=strategy,
-                cost=cost,
-                replicas=1,
-                concurrency=2,
-                sessions=3,
-                think_s=0,
-                duration_s=10_000,
-                warmup_s=0,
-            ),
-        )
+        cells[strategy] = measured
+        simulated = simulate(workload, cell(strategy, cost))
         assert measured.requests == simulated.requests == 3 * 7  # 6 tool steps and the end
         # Both count each request's prompt tokens once (nothing was preempted).
         assert simulated.preemptions == 0
@@ -97,6 +103,11 @@ def test_simulated_prefix_hits_match_a_real_replica(vllm_replicas: list[str]) ->
             simulated.hit_rate,
             measured.hit_rate,
         )
+    # Throughput: the serving path fitted on base's requests, refold's cell predicted.
+    per_token, per_request = fit_serving_path(cells["base"].served, cost)
+    fitted = replace(cost, per_output_token_s=per_token, per_request_s=per_request)
+    predicted = simulate(workload, cell("refold", fitted)).window_s
+    assert 0.5 < predicted / cells["refold"].seconds < 1.5, (predicted, cells["refold"].seconds)
 
 
 def test_cost_fit_from_probes_predicts_them(vllm_replicas: list[str]) -> None:

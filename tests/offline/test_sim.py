@@ -15,8 +15,15 @@ from gateway.tokens import ByteEstimate, ChatTokenizer
 from offline.importers import load_trajectories
 from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
-from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
-from offline.sim.cluster import SimConfig, simulate
+from offline.sim.calibrate import (
+    ServedRequest,
+    decode_phase,
+    fit_coefficients,
+    fit_serving_path,
+    prefill_phase,
+)
+from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.compare import bucket_bound, ordered_pairs, same_order
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import build_workload
 from router.cost import CostModel
@@ -44,7 +51,7 @@ def test_block_pool_never_evicts_held_blocks_and_evicts_lru_released_ones() -> N
     assert pool.hits(ids(0, 1, 2), 3) == 0
 
 
-def cost(**changes: int) -> CostModel:
+def cost(**changes: float) -> CostModel:
     base = dict(
         name="test",
         per_step_s=0.01,
@@ -118,6 +125,97 @@ def test_a_full_pool_preempts_the_last_request_by_recompute() -> None:
     # Resuming queried the cache again and found its own blocks.
     assert replica.stats.prefix_hits > 0
     assert replica.pool.used == 0
+
+
+def test_a_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    # 100 blocks. The first request holds 61; the second's first chunk (16 blocks) would
+    # fit, its whole prompt (51 blocks) does not: it waits, as vLLM's admission gate makes
+    # it, instead of being admitted and preempting its way through.
+    replica = SimReplica.create(0, cost())
+    replica.pool.ensure(200)
+    first, second = request(60, 0, out=20), request(50, 100, out=2)
+    replica.add(first)
+    replica.add(second)
+    run_until_idle(replica)
+    assert replica.stats.preemptions == 0
+    assert second.first_scheduled is not None and first.finished is not None
+    assert second.first_scheduled >= first.finished
+
+
+def test_streamed_tokens_lengthen_the_step_that_emits_them() -> None:
+    # 2 requests of 10 blocks (165 tokens) under a 256 budget: step 1 prefills the first
+    # (165) and 91 of the second; step 2 finishes the second and decodes the first.
+    replica = SimReplica.create(0, cost(per_output_token_s=0.5))
+    replica.pool.ensure(100)
+    first, second = request(10, 0, out=3), request(10, 50, out=3)
+    replica.add(first)
+    replica.add(second)
+    end = replica.start_step(0.0)
+    assert end == pytest.approx(0.01 + 0.256 + 0.5)  # only the first emits its first token
+    replica.finish_step(end)
+    end2 = replica.start_step(end)
+    assert end2 - end == pytest.approx(0.01 + 0.074 + 0.5 * 2)
+    # A decode jump of n steps emits a token per running request per step.
+    replica.finish_step(end2)
+    end3 = replica.start_step(end2)
+    assert end3 - end2 == pytest.approx(0.01 + 0.5 * 2)
+
+
+def test_the_per_request_latency_delays_arrival_at_the_engine(tmp_path: Path) -> None:
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path, steps=2)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def run(per_request_s: float) -> CellResult:
+        c = cost(kv_pool_tokens=100_000, max_num_batched_tokens=4096, per_request_s=per_request_s)
+        config = SimConfig(
+            policy="sticky", strategy="base", cost=c, replicas=1, concurrency=1, sessions=1,
+            think_s=0, duration_s=1_000, warmup_s=0,
+        )  # fmt: skip
+        return simulate(workload, config)
+
+    direct, delayed = run(0.0), run(0.25)
+    assert delayed.queue_s == direct.queue_s == [0.0] * 3  # time at the engine
+    assert delayed.ttft_s == pytest.approx([t + 0.25 for t in direct.ttft_s])  # the client's
+    # Fixed work: the window ends at the last reply (not at a scrape), so the 3 requests'
+    # delays lengthen it by exactly theirs.
+    assert delayed.requests == 3
+    assert delayed.window_s == pytest.approx(direct.window_s + 0.75)
+
+
+def test_serving_path_fit_recovers_the_terms_that_made_the_requests() -> None:
+    engine = cost(per_step_s=0.01, per_prefill_token_s=1e-4, per_decode_seq_s=1e-3)
+    engine = replace(engine, max_num_batched_tokens=2048)
+    per_token, per_request = 0.03, 0.2
+    decode = engine.per_step_s + engine.per_decode_seq_s + per_token  # one sequence per step
+    requests = []
+    t = 0.0
+    for prompt, cached, out in [(1000, 0, 40), (3000, 900, 80), (500, 200, 20)]:
+        prefill = engine.per_step_s + (prompt - cached) * engine.per_prefill_token_s
+        first = t + per_request + prefill  # alone: no step in progress to wait for
+        end = first + (out - 1) * decode
+        requests.append(ServedRequest("r0", t, first, end, prompt, cached, out))
+        t = end + 1.0
+    # Two requests decoding side by side for their whole stretch on another replica.
+    both = 2 * (engine.per_step_s + 2 * (engine.per_decode_seq_s + per_token))
+    for _ in range(2):
+        requests.append(ServedRequest("r1", 0.0, 1.0, 1.0 + 30 * both / 2, 800, 0, 31))
+    fitted_token, fitted_request = fit_serving_path(requests, engine)
+    assert fitted_token == pytest.approx(per_token, rel=0.02)
+    assert fitted_request == pytest.approx(per_request, rel=0.05)
+    with pytest.raises(ValueError, match="no request"):
+        fit_serving_path([requests[0].__class__("r", 0, 1, 1, 10, 0, 1)], engine)
+
+
+def test_cells_are_ordered_only_where_every_measured_run_agrees() -> None:
+    runs = [[1.0, 2.0, 3.0], [1.5, 1.2, 3.1]]  # cells 0 and 1 swap between the runs
+    assert same_order(runs, [2.0, 1.0, 5.0])  # 0 vs 1 is noise: either order agrees
+    assert not same_order(runs, [1.0, 4.0, 3.0])  # 1 vs 2 is not: both runs put 2 higher
+    assert same_order([[1.0, 1.0]], [3.0, 2.0])  # a measured tie orders nothing
+    assert ordered_pairs(runs) == [(0, 2, -1.0), (1, 2, -1.0)]
+    assert bucket_bound(0.01) == 0.3 and bucket_bound(0.31) == 0.5 and bucket_bound(1e6) == 7680
 
 
 def trajectory_file(tmp_path: Path, steps: int = 6) -> Path:
@@ -247,7 +345,7 @@ def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
     assert prefill_phase(6000, 2048, 1.0).features == [3, 6000, 0, 12144]
 
 
-def test_simulate_compare_reads_a_locust_experiment(tmp_path: Path) -> None:
+def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     traj = trajectory_file(tmp_path / "logs")
     cells = [
@@ -258,19 +356,35 @@ def test_simulate_compare_reads_a_locust_experiment(tmp_path: Path) -> None:
     ]  # fmt: skip
     settings = {"trajectories": [str(traj)], "replicas": 1, "max_steps": 3, "block_size": 32,
                 "think_time": "0", "max_tokens_cap": 8, "budget": 0}  # fmt: skip
-    exp = tmp_path / "exp"
-    exp.mkdir()
-    (exp / "profile.json").write_text(json.dumps({"settings": settings, "cells": cells}))
-    columns = ["cell", "vllm_prefix_hit_rate", "vllm_queue_time_p95_s",
-               "session_steps_per_min", "vllm_prompt_tokens"]  # fmt: skip
-    (exp / "results.csv").write_text(
-        ",".join(columns) + "\nbase_sticky_u2,0.5,0.1,10,1000\nno-gw,0.4,0.1,9,900\n"
-    )
+    columns = ["cell", "vllm_prefix_hit_rate", "vllm_queue_time_mean_s",
+               "vllm_queue_time_p95_s", "session_steps_per_min", "ttft_p50_ms",
+               "vllm_prompt_tokens"]  # fmt: skip
+    runs = []
+    for n, hit in enumerate(("0.5", "0.7")):
+        exp = tmp_path / f"exp{n}"
+        (exp / "base_sticky_u2").mkdir(parents=True)
+        (exp / "profile.json").write_text(json.dumps({"settings": settings, "cells": cells}))
+        (exp / "results.csv").write_text(
+            ",".join(columns) + f"\nbase_sticky_u2,{hit},0.01,0.3,10,200,1000\n"
+            "no-gw,0.4,0.01,0.3,9,150,900\n"
+        )
+        # One request alone on its replica: 11 tokens after the first in 1.1 s.
+        log = {"ok": True, "replica": "http://r0", "start": 100.0, "ttft_ms": 300.0,
+               "ttlt_ms": 1400.0, "prompt_tokens": 600, "cached_tokens": 0,
+               "completion_tokens": 12}  # fmt: skip
+        (exp / "base_sticky_u2" / "requests.jsonl").write_text(json.dumps(log) + "\n")
+        runs.append(str(exp))
     result = CliRunner().invoke(
-        main, ["simulate-compare", str(exp), "--root", str(tmp_path), "--tokenizer", "estimate"]
+        main, ["simulate-compare", *runs, "--root", str(tmp_path), "--tokenizer", "estimate"]
     )
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
-    assert "| 50.0% |" in row  # measured, beside the simulated figures
+    assert row.startswith("| base_sticky_u2 | 60.0% |")  # the runs' mean, then simulated
     assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
-    assert "prefix hit within 5 points:" in result.output
+    assert "measured: mean of 2 runs; prefix hit within 5 points:" in result.output
+    assert "same order by steps/min: yes (0 of 0 pairs ordered" in result.output
+    fit = CliRunner().invoke(main, ["simulate-fit", "--experiment", runs[0]])
+    assert fit.exit_code == 0, fit.output
+    # cpu-tiny's engine: 11 steps of 15 ms + 1.01 ms + attended; the rest is streaming.
+    per_token = float(fit.output.split("per_output_token_s=")[1].split(",")[0])
+    assert 0.08 < per_token < 0.09
