@@ -13,7 +13,8 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
 - WAITING requests are admitted only in steps that preempted nothing, in order, while the
   budget lasts and fewer than ``max_num_seqs`` run. Admission looks up the longest cached
   prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
-  hit as vLLM's ``prefix_cache_queries``/``hits`` counters do, and stops at the first
+  hit as vLLM's ``prefix_cache_queries``/``hits`` counters do (a preempted request's
+  second lookup is not counted there, as in vLLM), and stops at the first
   request whose blocks do not fit (head of line): all of its blocks, not just the first
   chunk's, as vLLM checks by default (``scheduler_reserve_full_isl``).
 - The step's duration comes from the cost model (with the streaming of every token it
@@ -161,9 +162,12 @@ class SimReplica:
                 if not self._allocate(req, req.computed + hit + n, bs):
                     break
                 if req.computed == 0:
-                    self.stats.prefix_queries += req.num_tokens
-                    self.stats.prefix_hits += hit
-                    if req.cached_tokens is None:
+                    # vLLM counts a preempted request's lookup apart (PrefixCacheStats.
+                    # record(preempted=...) in v1/metrics/stats.py, preempted_queries/
+                    # hits), not in vllm:prefix_cache_queries/hits.
+                    if req.preemptions == 0:
+                        self.stats.prefix_queries += req.num_tokens
+                        self.stats.prefix_hits += hit
                         req.cached_tokens = hit
                     req.computed = hit
                 self.waiting.popleft()
