@@ -7,8 +7,10 @@ result. A request is kept as the ids of its full prompt blocks (chained block ha
 ``PrefixCache.block_hashes`` computes them, mapped to dense ids for ``BlockPool``):
 
 - blocks wholly inside the prompt's *head* (the tools preamble and the leading system
-  messages) are named globally, so two sessions of the same agent share them on a replica,
-  as two real sessions with one system prompt and tenant do;
+  messages), and leading blocks that two different recordings have in common (the agent's
+  template running on into the first user message), are named globally, so two sessions
+  of the same agent share them on a replica, as vLLM's chained block hashes make two real
+  sessions with one template and tenant share every block of their common prefix;
 - the other blocks are named per trajectory and strategy, and offset per session instance,
   so two sessions replaying the same recording do not share their task-specific context
   (real sessions do different tasks). ``share="all"`` shares them instead (a load test
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -124,15 +127,20 @@ def build_workload(
         )
         for spec in config.strategies
     }
+    # Every request's block hashes first: a block is shared across sessions when it is in
+    # the head or when another recording has the same hash (the same leading tokens).
+    rendered_runs: list[tuple[str, str, list[tuple[np.ndarray, int, int, int, Any]]]] = []
+    first_seen: dict[int, str] = {}  # block hash -> the first recording that has it
+    common: set[int] = set()  # hashes more than one recording has
     for trajectory in trajectories:
         names.append(trajectory.id)
         replies = _reply_tokens(chat, trajectory.transcript)
+        seen_here: set[int] = set()  # this recording's hashes, every strategy
         for strategy, renderer in renderers.items():
-            local: dict[int, int] = {}
             hasher = PrefixCache(block_size=bs)
             prompts = SessionPrompts(chat)
             cache = None
-            steps = []
+            rendered_steps = []
             requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
             for n, (request, reply) in enumerate(zip(requests, replies, strict=True)):
                 if max_steps is not None and n >= max_steps:
@@ -141,23 +149,42 @@ def build_workload(
                 cache = rendered.cache
                 ids = prompts.prompt_ids(rendered.transcript)
                 hashes = hasher.block_hashes(ids)
+                for h in set(hashes) - seen_here:  # a prompt mostly repeats the last one's
+                    if first_seen.setdefault(h, trajectory.id) != trajectory.id:
+                        common.add(h)
+                seen_here.update(hashes)
                 head_tokens = _head_tokens(chat, rendered.transcript)
-                n_head = len(hashes) if share == "all" else min(len(hashes), head_tokens // bs)
-                head = [shared.setdefault(h, len(shared)) for h in hashes[:n_head]]
-                own = [local.setdefault(h, len(local)) for h in hashes[n_head:]]
-                steps.append(
-                    Step(
-                        head=np.asarray(head, dtype=np.int64),
-                        own=np.asarray(own, dtype=np.int64),
-                        prompt_tokens=len(ids),
-                        output_tokens=max(1, min(reply, max_output_tokens)),
-                        head_tokens=n_head * bs,
-                        tokens=np.asarray(ids, dtype=np.int32) if keep_tokens else None,
-                    )
+                tokens = np.asarray(ids, dtype=np.int32) if keep_tokens else None
+                rendered_steps.append(
+                    (np.asarray(hashes, dtype=np.int64), len(ids), reply, head_tokens, tokens)
                 )
                 if on_request is not None:
                     on_request()
-            runs[(trajectory.id, strategy)] = Run(trajectory.id, strategy, tuple(steps), len(local))
+            rendered_runs.append((trajectory.id, strategy, rendered_steps))
+    for trajectory_id, strategy, rendered_steps in rendered_runs:
+        local: dict[int, int] = {}
+        steps = []
+        for hash_array, n_tokens, reply, head_tokens, tokens in rendered_steps:
+            hashes = hash_array.tolist()
+            if share == "all":
+                n_head = len(hashes)
+            else:
+                n_head = min(len(hashes), head_tokens // bs)
+                while n_head < len(hashes) and hashes[n_head] in common:
+                    n_head += 1
+            head = [shared.setdefault(h, len(shared)) for h in hashes[:n_head]]
+            own = [local.setdefault(h, len(local)) for h in hashes[n_head:]]
+            steps.append(
+                Step(
+                    head=np.asarray(head, dtype=np.int64),
+                    own=np.asarray(own, dtype=np.int64),
+                    prompt_tokens=n_tokens,
+                    output_tokens=max(1, min(reply, max_output_tokens)),
+                    head_tokens=n_head * bs,
+                    tokens=tokens,
+                )
+            )
+        runs[(trajectory_id, strategy)] = Run(trajectory_id, strategy, tuple(steps), len(local))
     return Workload(
         runs=runs,
         trajectories=tuple(names),

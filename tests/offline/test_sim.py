@@ -220,10 +220,15 @@ def test_cells_are_ordered_only_where_every_measured_run_agrees() -> None:
     assert bucket_bound(0.01) == 0.3 and bucket_bound(0.31) == 0.5 and bucket_bound(1e6) == 7680
 
 
-def trajectory_file(tmp_path: Path, steps: int = 6) -> Path:
+def trajectory_file(
+    tmp_path: Path,
+    steps: int = 6,
+    ident: str = "tiny",
+    task: str = "Fix the failing test in the inventory service.",
+) -> Path:
     messages = [
         {"role": "system", "content": "You are a careful coding agent. " * 40},
-        {"role": "user", "content": "Fix the failing test in the inventory service."},
+        {"role": "user", "content": task},
     ]
     for i in range(steps):
         call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
@@ -231,15 +236,34 @@ def trajectory_file(tmp_path: Path, steps: int = 6) -> Path:
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"output {i} " * 80})
     messages.append({"role": "assistant", "content": "done"})
     record = {
-        "id": "tiny",
+        "id": ident,
         "format": "native_tool_calls",
         "obs_role": "tool",
         "observation_indices": [3 + 2 * i for i in range(steps)],
         "messages": messages,
     }
-    path = tmp_path / "tiny.jsonl"
+    path = tmp_path / f"{ident}.jsonl"
     path.write_text(json.dumps(record) + "\n")
     return path
+
+
+def test_leading_blocks_two_recordings_have_in_common_are_shared(tmp_path: Path) -> None:
+    # Two tasks of one agent: the same system prompt, and a first user message whose
+    # template runs on past it. vLLM's chained hashes make every common leading block one
+    # cached block; past where the tasks differ, each session's blocks are its own.
+    template = "Please solve this issue, following the instructions below. " * 8
+    a = trajectory_file(tmp_path, ident="a", task=template + "The inventory test fails.")
+    b = trajectory_file(tmp_path, ident="b", task=template + "Billing rounds wrongly.")
+    trajectories = load_trajectories(a) + load_trajectories(b)
+    chat = ChatTokenizer(ByteEstimate())
+    workload = build_workload(trajectories, chat, ReplayConfig(strategies=("base",), block_size=16))
+    first_a = workload.runs[("a", "base")].steps[0]
+    first_b = workload.runs[("b", "base")].steps[0]
+    system_only = chat.message_count(trajectories[0].transcript.messages[0])
+    assert first_a.head_tokens > system_only + 16  # the template's blocks are shared too
+    assert np.array_equal(first_a.head, first_b.head)
+    assert len(first_a.own) > 0 and len(first_b.own) > 0  # the tasks are not
+    assert first_a.head_tokens + 16 * len(first_a.own) <= first_a.prompt_tokens
 
 
 def test_simulation_is_deterministic_and_sticky_keeps_prefixes(tmp_path: Path) -> None:
