@@ -454,9 +454,19 @@ def _fit_serving_path(
     show_default=True,
     help="Cost model of the experiment's replicas (the KV pool comes from each cell).",
 )
+@click.option(
+    "--routes",
+    "routing",
+    type=click.Choice(["policy", "measured"]),
+    default="policy",
+    show_default=True,
+    help="policy: the simulator runs each cell's routing policy. measured: replay the "
+    "replica each request went to in the run (its requests.jsonl), to check the replica "
+    "model apart from the routing's timing-dependent choices.",
+)
 @tokenizer_option
 def compare_command(
-    experiments: tuple[Path, ...], root: Path, preset: str, tokenizer: str | None
+    experiments: tuple[Path, ...], root: Path, preset: str, routing: str, tokenizer: str | None
 ) -> None:
     """Simulate every fixed-work cell of a Locust experiment and print simulated beside
     measured: vLLM's prefix-hit rate, queue time (mean, p95 bucket), session-steps/min,
@@ -499,4 +509,8 @@ def compare_command(
         )
         for strategy in sorted({runs[0].strategy for runs in cells})
     }
-    click.echo(markdown(compare(workloads, cells, settings, cost)))
+    try:
+        compared = compare(workloads, cells, settings, cost, routing)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(markdown(compared))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ import numpy as np
 from gateway.config import GatewayConfig
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.workload import Workload
-from router import ReplicaMetrics, ReplicaPool, RouteHints, make_policy
+from router import Decision, ReplicaMetrics, ReplicaPool, RouteHints, make_policy
 from router.cost import CostModel
 from router.policies import AssignedSessionPolicy
 
@@ -85,6 +85,10 @@ class SimConfig:
     seed: int = 0
     sessions: int | None = None  # stop starting sessions after this many
     shuffle: bool = True  # sessions take the trajectories in a seeded order, else as given
+    # (session, step) -> replica index, as a measured run routed them: replaces the policy's
+    # choice, so a calibration can check the replica model apart from the routing, whose
+    # burst placement and round-robin interleaving follow the real run's timing.
+    routes: Mapping[tuple[int, int], int] | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -270,7 +274,10 @@ def simulate(
             prefix_key=str(int(step.head[-1])) if len(step.head) else None,
             prefix_tokens=step.head_tokens,
         )
-        decision = run_sync(policy.choose(tenant, str(s.index), pool, hints=hints))
+        if config.routes is None:
+            decision = run_sync(policy.choose(tenant, str(s.index), pool, hints=hints))
+        else:
+            decision = Decision(pool.replicas[config.routes[(s.index, s.step)]], "replayed")
         if decision.moved_from is not None and now >= config.warmup_s:
             result.moves += 1
         decision.replica.in_flight += 1

@@ -13,6 +13,15 @@ Several runs of one profile can be compared at once: the measured figures are th
 and two cells count as ordered (by queue time or throughput) only where every run orders
 them alike; where the runs disagree the difference is within the measurement's own noise,
 and either order agrees with it.
+
+Routing is either the cell's policy, run by the simulator (the default), or the routes each
+run's Locust users logged (``x-foldgate-replica`` per request), replayed: the check of the
+replica model (prefix cache, eviction, scheduling) apart from the routing. The two differ
+where the real routing followed the run's timing: round-robin's global counter interleaves
+sessions as their replies happen to end, and a burst of new sessions is placed by the load
+the gateway sees, which counts a request in flight only once its assignment is written.
+With replayed routes every run is simulated with its own routes and the simulated figures
+pool them (tokens, requests and time summed).
 """
 
 from __future__ import annotations
@@ -91,7 +100,59 @@ def read_experiment(folder: Path) -> tuple[dict[str, Any], list[LocustCell]]:
     return profile["settings"], cells
 
 
-def sim_config(cell: LocustCell, settings: dict[str, Any], base: CostModel) -> SimConfig:
+def measured_routes(cell: LocustCell, workload: Workload) -> dict[tuple[int, int], int]:
+    """(session, step) -> replica index as the cell's Locust users logged them; session i
+    replays the workload's i-th trajectory, as Locust user i does. Replicas are numbered by
+    URL: they are alike, only which requests share one matters. Raises ValueError when a
+    request the simulation sends has no logged replica."""
+    order = list(workload.trajectories)
+    if cell.users > len(order):
+        raise ValueError(
+            f"cell {cell.name}: {cell.users} users over {len(order)} trajectories; the log "
+            "cannot tell apart two sessions of one trajectory"
+        )
+    records = [
+        r for r in load_requests(cell.folder / cell.name) if r.get("replica") and r.get("ok")
+    ]
+    urls = sorted({r["replica"] for r in records})
+    logged = {(r.get("trajectory"), r.get("step")): urls.index(r["replica"]) for r in records}
+    routes = {}
+    for session, trajectory in enumerate(order[: cell.users]):
+        for step in range(len(workload.runs[(trajectory, cell.strategy)].steps)):
+            if (trajectory, step) not in logged:
+                raise ValueError(
+                    f"cell {cell.name}: no logged replica for {trajectory} step {step} in "
+                    f"{cell.folder / cell.name}"
+                )
+            routes[(session, step)] = logged[(trajectory, step)]
+    return routes
+
+
+def pooled(results: list[CellResult]) -> CellResult:
+    """Several simulated runs of one cell as one: counters, requests and time summed."""
+    first = results[0]
+    return CellResult(
+        policy=first.policy,
+        strategy=first.strategy,
+        load=first.load,
+        window_s=sum(r.window_s for r in results),
+        requests=sum(r.requests for r in results),
+        prefix_queries=sum(r.prefix_queries for r in results),
+        prefix_hits=sum(r.prefix_hits for r in results),
+        queue_s=[q for r in results for q in r.queue_s],
+        ttft_s=[t for r in results for t in r.ttft_s],
+        preemptions=sum(r.preemptions for r in results),
+        moves=sum(r.moves for r in results),
+        sessions_started=sum(r.sessions_started for r in results),
+    )
+
+
+def sim_config(
+    cell: LocustCell,
+    settings: dict[str, Any],
+    base: CostModel,
+    routes: dict[tuple[int, int], int] | None = None,
+) -> SimConfig:
     if str(settings.get("think_time", "0")) != "0":
         raise ValueError(
             f"cell {cell.name}: think time {settings['think_time']!r}; only think_time 0 "
@@ -109,6 +170,7 @@ def sim_config(cell: LocustCell, settings: dict[str, Any], base: CostModel) -> S
         think_s=0.0,
         duration_s=float(settings.get("run_time_s", 300.0)) * 10,
         warmup_s=0.0,
+        routes=routes,
     )
 
 
@@ -118,6 +180,7 @@ class Compared:
 
     runs: tuple[LocustCell, ...]
     simulated: CellResult
+    simulated_runs: int = 1  # simulations pooled in ``simulated`` (one per run, replayed)
 
     @property
     def name(self) -> str:
@@ -153,7 +216,7 @@ class Compared:
             row[f"{label} measured"] = self.measured(column)
             row[f"{label} simulated"] = self.simulated_figure(column)
         row["prompt tokens measured"] = self.measured("vllm_prompt_tokens")
-        row["prompt tokens simulated"] = self.simulated.prefix_queries
+        row["prompt tokens simulated"] = self.simulated.prefix_queries / self.simulated_runs
         return row
 
 
@@ -170,18 +233,33 @@ def read_runs(folders: list[Path]) -> tuple[dict[str, Any], list[tuple[LocustCel
     ]
 
 
+ROUTINGS = ("policy", "measured")
+
+
 def compare(
     workloads: dict[str, Workload],
     cells: list[tuple[LocustCell, ...]],
     settings: dict[str, Any],
     base: CostModel,
+    routing: str = "policy",
 ) -> list[Compared]:
     """Simulate each cell (its runs' settings are one profile's); ``workloads`` is keyed
-    by strategy."""
-    return [
-        Compared(runs, simulate(workloads[runs[0].strategy], sim_config(runs[0], settings, base)))
-        for runs in cells
-    ]
+    by strategy. ``routing``: ``policy`` runs the cell's policy; ``measured`` replays each
+    run's logged routes, one simulation per run, pooled."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    compared = []
+    for runs in cells:
+        workload = workloads[runs[0].strategy]
+        if routing == "policy":
+            compared.append(Compared(runs, simulate(workload, sim_config(runs[0], settings, base))))
+            continue
+        simulated = [
+            simulate(workload, sim_config(run, settings, base, measured_routes(run, workload)))
+            for run in runs
+        ]
+        compared.append(Compared(runs, pooled(simulated), len(simulated)))
+    return compared
 
 
 def ordered_pairs(measured: list[list[float]]) -> list[tuple[int, int, float]]:

@@ -371,12 +371,34 @@ def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
     assert prefill_phase(6000, 2048, 1.0).features == [3, 6000, 0, 12144]
 
 
+def test_replayed_routes_replace_the_policy(tmp_path: Path) -> None:
+    # One session over two replicas: routes that keep it on replica 1 cache as sticky does;
+    # routes that alternate lose the prefix at every step, as round-robin does.
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    steps = len(workload.runs[("tiny", "base")].steps)
+    c = cost(kv_pool_tokens=200_000, max_num_batched_tokens=1024)
+
+    def run(policy: str, routes: dict[tuple[int, int], int] | None = None) -> float:
+        config = SimConfig(policy=policy, strategy="base", cost=c, replicas=2, concurrency=1,
+                           sessions=1, think_s=0.0, warmup_s=0.0, routes=routes)  # fmt: skip
+        return simulate(workload, config).hit_rate
+
+    kept = run("round_robin", {(0, k): 1 for k in range(steps)})
+    alternating = run("sticky", {(0, k): k % 2 for k in range(steps)})
+    assert kept == run("sticky") > 0.5
+    assert alternating == run("round_robin") < kept
+
+
 def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     traj = trajectory_file(tmp_path / "logs")
     cells = [
         {"cell": "base_sticky_u2", "arm": "gateway", "strategy": "base", "routing": "sticky",
-         "users": 2, "kv_cache_bytes": 10485760, "server": "uvicorn", "load": "sessions"},
+         "users": 1, "kv_cache_bytes": 10485760, "server": "uvicorn", "load": "sessions"},
         {"cell": "no-gw", "arm": "no_gateway", "strategy": "-", "routing": "round_robin",
          "users": 0, "kv_cache_bytes": 10485760, "server": "-", "load": "steps"},
     ]  # fmt: skip
@@ -397,7 +419,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
         # One request alone on its replica: 11 tokens after the first in 1.1 s.
         log = {"ok": True, "replica": "http://r0", "start": 100.0, "ttft_ms": 300.0,
                "ttlt_ms": 1400.0, "prompt_tokens": 600, "cached_tokens": 0,
-               "completion_tokens": 12}  # fmt: skip
+               "completion_tokens": 12, "trajectory": "tiny", "step": 0}  # fmt: skip
         (exp / "base_sticky_u2" / "requests.jsonl").write_text(json.dumps(log) + "\n")
         runs.append(str(exp))
     result = CliRunner().invoke(
@@ -414,3 +436,19 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     # cpu-tiny's engine: 11 steps of 15 ms + 1.01 ms + attended; the rest is streaming.
     per_token = float(fit.output.split("per_output_token_s=")[1].split(",")[0])
     assert 0.08 < per_token < 0.09
+    # Replaying the logged routes needs a replica for every request the cell sends.
+    replay = [*runs, "--root", str(tmp_path), "--tokenizer", "estimate", "--routes", "measured"]
+    result = CliRunner().invoke(main, ["simulate-compare", *replay])
+    assert result.exit_code != 0 and "no logged replica for tiny step 1" in result.output
+    for n, run in enumerate(runs):
+        log = {"ok": True, "replica": f"http://r{n}", "start": 100.0, "ttft_ms": 300.0,
+               "ttlt_ms": 1400.0, "prompt_tokens": 600, "cached_tokens": 0,
+               "completion_tokens": 12, "trajectory": "tiny"}  # fmt: skip
+        lines = [json.dumps(log | {"step": k}) for k in range(3)]
+        (Path(run) / "base_sticky_u2" / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    replayed = CliRunner().invoke(main, ["simulate-compare", *replay])
+    assert replayed.exit_code == 0, replayed.output
+    (replayed_row,) = [ln for ln in replayed.output.splitlines() if ln.startswith("| base_sticky")]
+    # Two runs simulated and pooled: the same figures as the policy's one run (one replica),
+    # prompt tokens per run.
+    assert replayed_row == row
