@@ -455,18 +455,18 @@ def _fit_serving_path(
     help="Cost model of the experiment's replicas (the KV pool comes from each cell).",
 )
 @click.option(
-    "--routes",
-    "routing",
-    type=click.Choice(["policy", "measured"]),
+    "--replay",
+    type=click.Choice(["policy", "routes", "schedule"]),
     default="policy",
     show_default=True,
-    help="policy: the simulator runs each cell's routing policy. measured: replay the "
-    "replica each request went to in the run (its requests.jsonl), to check the replica "
-    "model apart from the routing's timing-dependent choices.",
+    help="policy: the simulator runs each cell's routing policy. routes: each request goes "
+    "to the replica the run's requests.jsonl names. schedule: there, and sent when the run "
+    "sent it. routes and schedule check the replica model apart from the routing's "
+    "timing-dependent choices; under schedule compare hit rates only (the pace is the run's).",
 )
 @tokenizer_option
 def compare_command(
-    experiments: tuple[Path, ...], root: Path, preset: str, routing: str, tokenizer: str | None
+    experiments: tuple[Path, ...], root: Path, preset: str, replay: str, tokenizer: str | None
 ) -> None:
     """Simulate every fixed-work cell of a Locust experiment and print simulated beside
     measured: vLLM's prefix-hit rate, queue time (mean, p95 bucket), session-steps/min,
@@ -510,7 +510,7 @@ def compare_command(
         for strategy in sorted({runs[0].strategy for runs in cells})
     }
     try:
-        compared = compare(workloads, cells, settings, cost, routing)
+        compared = compare(workloads, cells, settings, cost, replay)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(markdown(compared))

@@ -89,6 +89,10 @@ class SimConfig:
     # choice, so a calibration can check the replica model apart from the routing, whose
     # burst placement and round-robin interleaving follow the real run's timing.
     routes: Mapping[tuple[int, int], int] | None = None
+    # (session, step) -> the earliest time it is sent, as a measured run sent it (seconds
+    # from its first request): with ``routes``, the run's schedule, so which requests share
+    # a replica's pool at a time is the run's too.
+    send_times: Mapping[tuple[int, int], float] | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -245,7 +249,13 @@ def simulate(
         sessions[s.index] = s
         started += 1
         # Sessions do not start in lockstep: the first request after one think time.
-        push(now + rng.expovariate(1 / config.think_s) if config.think_s else now, _SEND, s.index)
+        first = now + rng.expovariate(1 / config.think_s) if config.think_s else now
+        push(send_time(s, first), _SEND, s.index)
+
+    def send_time(s: _Session, t: float) -> float:
+        if config.send_times is None:
+            return t
+        return max(t, config.send_times[(s.index, s.step)])
 
     # A routed request on its way to the engine (cost.per_request_s), by session: a
     # session has one request in flight at a time.
@@ -311,7 +321,7 @@ def simulate(
         run = workload.runs[(s.trajectory, config.strategy)]
         if s.step < len(run.steps):
             think = s.rng.expovariate(1 / config.think_s) if config.think_s else 0.0
-            push(now + think, _SEND, s.index)
+            push(send_time(s, now + think), _SEND, s.index)
             return
         del sessions[s.index]
         assignments.forget(tenant, str(s.index))

@@ -14,14 +14,17 @@ and two cells count as ordered (by queue time or throughput) only where every ru
 them alike; where the runs disagree the difference is within the measurement's own noise,
 and either order agrees with it.
 
-Routing is either the cell's policy, run by the simulator (the default), or the routes each
-run's Locust users logged (``x-foldgate-replica`` per request), replayed: the check of the
-replica model (prefix cache, eviction, scheduling) apart from the routing. The two differ
-where the real routing followed the run's timing: round-robin's global counter interleaves
-sessions as their replies happen to end, and a burst of new sessions is placed by the load
-the gateway sees, which counts a request in flight only once its assignment is written.
-With replayed routes every run is simulated with its own routes and the simulated figures
-pool them (tokens, requests and time summed).
+What the simulation replays (``REPLAYS``): ``policy``, the cell's routing policy, run by
+the simulator (the default); ``routes``, the replica each request went to as the run's
+Locust users logged it (``requests.jsonl``); ``schedule``, those routes and the times the
+requests were sent. ``routes`` and ``schedule`` check the replica model (prefix cache,
+eviction, admission) apart from the routing, which in a real run follows its timing:
+round-robin's global counter interleaves sessions as their replies happen to end, and a
+burst of new sessions is placed by the load the gateway sees, which counts a request in
+flight only once it is routed and its upstream opened. Under ``schedule`` the queue times and
+throughput follow the run's pace, not the model's: compare its hit rates only. Replaying,
+every run is simulated with its own log and the simulated figures pool them (tokens,
+requests and time summed).
 """
 
 from __future__ import annotations
@@ -100,11 +103,14 @@ def read_experiment(folder: Path) -> tuple[dict[str, Any], list[LocustCell]]:
     return profile["settings"], cells
 
 
-def measured_routes(cell: LocustCell, workload: Workload) -> dict[tuple[int, int], int]:
-    """(session, step) -> replica index as the cell's Locust users logged them; session i
-    replays the workload's i-th trajectory, as Locust user i does. Replicas are numbered by
-    URL: they are alike, only which requests share one matters. Raises ValueError when a
-    request the simulation sends has no logged replica."""
+def logged_schedule(
+    cell: LocustCell, workload: Workload
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], float]]:
+    """The cell's requests as its Locust users logged them: (session, step) -> replica
+    index, and -> send time (seconds from the run's first request). Session i replays the
+    workload's i-th trajectory, as Locust user i does. Replicas are numbered by URL: they
+    are alike, only which requests share one matters. Raises ValueError when a request the
+    simulation sends has no logged replica."""
     order = list(workload.trajectories)
     if cell.users > len(order):
         raise ValueError(
@@ -115,17 +121,20 @@ def measured_routes(cell: LocustCell, workload: Workload) -> dict[tuple[int, int
         r for r in load_requests(cell.folder / cell.name) if r.get("replica") and r.get("ok")
     ]
     urls = sorted({r["replica"] for r in records})
-    logged = {(r.get("trajectory"), r.get("step")): urls.index(r["replica"]) for r in records}
-    routes = {}
+    t0 = min((float(r["start"]) for r in records), default=0.0)
+    logged = {(r.get("trajectory"), r.get("step")): r for r in records}
+    routes, times = {}, {}
     for session, trajectory in enumerate(order[: cell.users]):
         for step in range(len(workload.runs[(trajectory, cell.strategy)].steps)):
-            if (trajectory, step) not in logged:
+            record = logged.get((trajectory, step))
+            if record is None:
                 raise ValueError(
                     f"cell {cell.name}: no logged replica for {trajectory} step {step} in "
                     f"{cell.folder / cell.name}"
                 )
-            routes[(session, step)] = logged[(trajectory, step)]
-    return routes
+            routes[(session, step)] = urls.index(record["replica"])
+            times[(session, step)] = float(record["start"]) - t0
+    return routes, times
 
 
 def pooled(results: list[CellResult]) -> CellResult:
@@ -152,6 +161,7 @@ def sim_config(
     settings: dict[str, Any],
     base: CostModel,
     routes: dict[tuple[int, int], int] | None = None,
+    send_times: dict[tuple[int, int], float] | None = None,
 ) -> SimConfig:
     if str(settings.get("think_time", "0")) != "0":
         raise ValueError(
@@ -171,6 +181,7 @@ def sim_config(
         duration_s=float(settings.get("run_time_s", 300.0)) * 10,
         warmup_s=0.0,
         routes=routes,
+        send_times=send_times,
     )
 
 
@@ -233,7 +244,7 @@ def read_runs(folders: list[Path]) -> tuple[dict[str, Any], list[tuple[LocustCel
     ]
 
 
-ROUTINGS = ("policy", "measured")
+REPLAYS = ("policy", "routes", "schedule")
 
 
 def compare(
@@ -241,23 +252,25 @@ def compare(
     cells: list[tuple[LocustCell, ...]],
     settings: dict[str, Any],
     base: CostModel,
-    routing: str = "policy",
+    replay: str = "policy",
 ) -> list[Compared]:
     """Simulate each cell (its runs' settings are one profile's); ``workloads`` is keyed
-    by strategy. ``routing``: ``policy`` runs the cell's policy; ``measured`` replays each
-    run's logged routes, one simulation per run, pooled."""
-    if routing not in ROUTINGS:
-        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    by strategy. ``replay``: ``policy`` runs the cell's policy; ``routes`` and ``schedule``
+    replay each run's log (see the module's docstring), one simulation per run, pooled."""
+    if replay not in REPLAYS:
+        raise ValueError(f"replay must be one of {REPLAYS}, got {replay!r}")
     compared = []
     for runs in cells:
         workload = workloads[runs[0].strategy]
-        if routing == "policy":
+        if replay == "policy":
             compared.append(Compared(runs, simulate(workload, sim_config(runs[0], settings, base))))
             continue
-        simulated = [
-            simulate(workload, sim_config(run, settings, base, measured_routes(run, workload)))
-            for run in runs
-        ]
+        simulated = []
+        for run in runs:
+            routes, times = logged_schedule(run, workload)
+            timed = times if replay == "schedule" else None
+            config = sim_config(run, settings, base, routes, timed)
+            simulated.append(simulate(workload, config))
         compared.append(Compared(runs, pooled(simulated), len(simulated)))
     return compared
 

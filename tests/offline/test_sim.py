@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -382,15 +383,19 @@ def test_replayed_routes_replace_the_policy(tmp_path: Path) -> None:
     steps = len(workload.runs[("tiny", "base")].steps)
     c = cost(kv_pool_tokens=200_000, max_num_batched_tokens=1024)
 
-    def run(policy: str, routes: dict[tuple[int, int], int] | None = None) -> float:
+    def run(policy: str, routes: dict[tuple[int, int], int] | None = None, **kw: Any) -> CellResult:
         config = SimConfig(policy=policy, strategy="base", cost=c, replicas=2, concurrency=1,
-                           sessions=1, think_s=0.0, warmup_s=0.0, routes=routes)  # fmt: skip
-        return simulate(workload, config).hit_rate
+                           sessions=1, think_s=0.0, warmup_s=0.0, routes=routes, **kw)  # fmt: skip
+        return simulate(workload, config)
 
-    kept = run("round_robin", {(0, k): 1 for k in range(steps)})
-    alternating = run("sticky", {(0, k): k % 2 for k in range(steps)})
-    assert kept == run("sticky") > 0.5
-    assert alternating == run("round_robin") < kept
+    kept = run("round_robin", {(0, k): 1 for k in range(steps)}).hit_rate
+    alternating = run("sticky", {(0, k): k % 2 for k in range(steps)}).hit_rate
+    assert kept == run("sticky").hit_rate > 0.5
+    assert alternating == run("round_robin").hit_rate < kept
+    # A replayed schedule holds each request until the time the run sent it.
+    timed = run("sticky", send_times={(0, k): 100.0 * k for k in range(steps)})
+    assert timed.window_s > 100.0 * (steps - 1) > run("sticky").window_s
+    assert timed.hit_rate == kept
 
 
 def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> None:
@@ -437,7 +442,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     per_token = float(fit.output.split("per_output_token_s=")[1].split(",")[0])
     assert 0.08 < per_token < 0.09
     # Replaying the logged routes needs a replica for every request the cell sends.
-    replay = [*runs, "--root", str(tmp_path), "--tokenizer", "estimate", "--routes", "measured"]
+    replay = [*runs, "--root", str(tmp_path), "--tokenizer", "estimate", "--replay", "routes"]
     result = CliRunner().invoke(main, ["simulate-compare", *replay])
     assert result.exit_code != 0 and "no logged replica for tiny step 1" in result.output
     for n, run in enumerate(runs):
@@ -452,3 +457,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     # Two runs simulated and pooled: the same figures as the policy's one run (one replica),
     # prompt tokens per run.
     assert replayed_row == row
+    scheduled = CliRunner().invoke(main, ["simulate-compare", *replay[:-1], "schedule"])
+    assert scheduled.exit_code == 0, scheduled.output
+    (scheduled_row,) = [ln for ln in scheduled.output.splitlines() if ln.startswith("| base_s")]
+    assert scheduled_row.split(" | ")[:4] == row.split(" | ")[:4]  # hit rates alike
