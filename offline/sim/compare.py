@@ -21,10 +21,10 @@ requests were sent. ``routes`` and ``schedule`` check the replica model (prefix 
 eviction, admission) apart from the routing, which in a real run follows its timing:
 round-robin's global counter interleaves sessions as their replies happen to end, and a
 burst of new sessions is placed by the load the gateway sees, which counts a request in
-flight only once its routing (with the session's assignment write) has finished. Under ``schedule`` the queue times and
-throughput follow the run's pace, not the model's: compare its hit rates only. Replaying,
-every run is simulated with its own log and the simulated figures pool them (tokens,
-requests and time summed).
+flight only once its routing (with the session's assignment write) has finished. Under
+``schedule`` the queue times and throughput follow the run's pace, not the model's: compare
+its hit rates only. Replaying, every run is simulated with its own log and the simulated
+figures pool them (tokens, requests and time summed).
 """
 
 from __future__ import annotations
