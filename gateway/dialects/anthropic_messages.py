@@ -247,6 +247,12 @@ def _decode_block(raw: Any, path: str, role: str, issued: set[str]) -> Part:
         issued.add(call_id)
         meta = make_meta(ANTHROPIC, fields=fields("id", "name", "input"))
         return ToolCall(call_id, name, json.dumps(arguments, ensure_ascii=False), meta)
+    if kind in ("image", "document"):
+        # Read when written upstream in chat form (``convert.part_to_openai``).
+        source = expect_object(require(block, "source", path), f"{path}.source")
+        for key in ("type", "media_type", "data", "url"):
+            if key in source:
+                expect_str(source[key], f"{path}.source.{key}")
     return Opaque(dict(block))
 
 
