@@ -35,7 +35,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from gateway.dialects.base import Chunks, Dialect, Exchange, refusal_code, upstream_message
-from gateway.dialects.chunks import ChunkAccumulator, format_sse, thinking_text, upstream_error
+from gateway.dialects.chunks import (
+    ChunkAccumulator,
+    call_delta,
+    format_sse,
+    thinking_text,
+)
 from gateway.dialects.errors import DialectError, openai_error_body
 from gateway.dialects.fields import (
     DIALECT_PARAM,
@@ -384,7 +389,7 @@ class ResponseWriter:
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._open_key = ""  # "reasoning", "text" or "call:<index>"
         self._open_text: list[str] = []  # its text or arguments so far
-        self._calls_seen: set[int] = set()
+        self._calls_begun: set[int] = set()
         self._sequence = 0
         self._error: dict[str, Any] | None = None
 
@@ -516,30 +521,25 @@ class ResponseWriter:
         return events
 
     def _call_delta(self, call: Mapping[str, Any]) -> list[Event]:
-        index = int(call.get("index", 0))
-        fn = call.get("function") or {}
+        delta = call_delta(call, self._open_key, self._calls_begun)
         events: list[Event] = []
-        key = f"call:{index}"
-        if self._open_key != key:
-            if index in self._calls_seen:
-                raise upstream_error(f"tool call {index} resumed after another item started")
-            self._calls_seen.add(index)
+        if delta.starts:
             item = {
                 "id": f"fc_{uuid.uuid4().hex}",
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": call.get("id") or f"call_{uuid.uuid4().hex}",
-                "name": fn.get("name") or "",
+                "call_id": delta.id or f"call_{uuid.uuid4().hex}",
+                "name": delta.name,
                 "arguments": "",
             }
-            events = self._begin(key, item)
-        if fn.get("arguments"):
-            self._open_text.append(fn["arguments"])
+            events = self._begin(delta.key, item)
+        if delta.arguments:
+            self._open_text.append(delta.arguments)
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
                     **self._item_ref(),
-                    delta=fn["arguments"],
+                    delta=delta.arguments,
                 )
             )
         return events
