@@ -158,6 +158,9 @@ class Mutator:
         if self.rng.random() < 0.3:
             strategy = self.rng.choice(STRATEGIES).encode()
             request.headers.append((b"x-foldgate-strategy", strategy))
+        if self.rng.random() < 0.1:
+            fold = self.rng.choice([b"auto", b"on", b"off", b"sometimes", b""])
+            request.headers.append((b"x-foldgate-fold", fold))
         if self.rng.random() < 0.5:
             session = f"fuzz-{self.rng.randrange(40)}".encode()
             request.headers.append((b"x-session-id", session))

@@ -37,7 +37,7 @@ from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
 # a few per accepted one on 2 cores).
 REQUESTS = int(os.environ.get("FOLDGATE_FUZZ_REQUESTS", "5000"))
 POOL = 60
-CONCURRENCY = 16
+CONCURRENCY = 4
 RESULTS: list[dict] = []  # printed by conftest.pytest_terminal_summary
 
 
