@@ -14,7 +14,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for r in RESULTS:
         terminalreporter.write_line(
             f"{r['dialect']:<10} {r['backend']:<7} {r['requests']:>6} requests: "
-            f"{r['ok']:>5} ok, {r['4xx']:>5} 4xx ({r['refused_rechecked']} rechecked: store "
+            f"{r['ok']:>5} ok, {r['4xx']:>5} 4xx ({r['refused_checked']} checked: store "
             f"unchanged), {r['5xx']} 5xx, {r['failures']} failing "
             f"({r['seconds']} s) statuses {r['statuses']}"
         )
