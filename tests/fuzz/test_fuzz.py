@@ -36,7 +36,7 @@ from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
 # Per dialect and backend; CI's time is bounded (about 1 ms of gateway per refused request,
 # a few per accepted one on 2 cores).
 REQUESTS = int(os.environ.get("FOLDGATE_FUZZ_REQUESTS", "5000"))
-POOL = 60
+POOL = 40
 CONCURRENCY = int(os.environ.get("FOLDGATE_FUZZ_CONCURRENCY", "4"))
 RESULTS: list[dict] = []  # printed by conftest.pytest_terminal_summary
 
