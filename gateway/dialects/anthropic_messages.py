@@ -67,6 +67,24 @@ from gateway.transcript import Message, Opaque, Part, Text, Thinking, ToolCall, 
 
 _ASSISTANT_ONLY = frozenset({"thinking", "redacted_thinking", "tool_use"})
 _ABSENT = object()
+_TOOL_CHOICES = ("auto", "any", "tool", "none")
+
+
+def _check_tool_choice(value: Any, path: str) -> None:
+    """Anthropic's ``tool_choice``, which is converted to chat's (``convert``)."""
+    choice = expect_object(value, path)
+    kind = expect_str(require(choice, "type", path), f"{path}.type")
+    if kind not in _TOOL_CHOICES:
+        raise DialectError(
+            f"unknown tool_choice type {kind!r}; expected one of {', '.join(_TOOL_CHOICES)}",
+            param=f"{path}.type",
+        )
+    if kind == "tool":
+        expect_str(require(choice, "name", path), f"{path}.name")
+    if "disable_parallel_tool_use" in choice:
+        expect_bool(choice["disable_parallel_tool_use"], f"{path}.disable_parallel_tool_use")
+
+
 # The request fields the gateway reads or converts, and the sampling fields whose meaning
 # it forwards: wrong types are refused before anything is stored. Ranges are Anthropic's,
 # but temperature's is OpenAI's: the replicas sample as vLLM does, and a chat body's
@@ -78,7 +96,7 @@ _FIELD_CHECKS = {
     "top_k": integer(0),
     "stop_sequences": strings,
     "metadata": expect_object,
-    "tool_choice": expect_object,
+    "tool_choice": _check_tool_choice,
     "thinking": expect_object,
 }
 

@@ -62,6 +62,8 @@ BAD_FIELDS = [
             ("stop_sequences", "END"),
             ("metadata", []),
             ("tool_choice", "auto"),
+            ("tool_choice", {"type": ["auto"]}),
+            ("tool_choice", {"type": "tool"}),
         ]
     ),
     *(
@@ -154,16 +156,18 @@ async def test_deep_nesting_is_refused_before_anything_is_stored(
     placements = {
         "unknown field": lambda b, v: {**b, "x_extra": v},
         "metadata": lambda b, v: {**b, "metadata": {"session_id": "s", "deep": v}},
-        "tool input": lambda b, v: {
-            **b,
-            "messages": [
-                {"role": "user", "content": "x"},
-                {"role": "assistant", "content": [{**tool_use, "input": {"a": v}}]},
-                {"role": "user", "content": "y"},
-            ],
-        }
-        if route == "/v1/messages"
-        else {**b, "x_extra": v},
+        "tool input": lambda b, v: (
+            {
+                **b,
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": [{**tool_use, "input": {"a": v}}]},
+                    {"role": "user", "content": "y"},
+                ],
+            }
+            if route == "/v1/messages"
+            else {**b, "x_extra": v}
+        ),
     }
     async with gateway_with_fake() as (url, fake):
         for name, place in placements.items():
@@ -277,7 +281,7 @@ async def test_an_unexpected_error_is_a_500_in_the_dialects_shape(
             request_id = resp.headers["x-request-id"]
             assert request_id in error_of(route, resp.json())["message"]
             assert "a bug" not in resp.text
-            assert any(
-                request_id in r.getMessage() and r.exc_info for r in caplog.records
-            ), "logged with its request id and traceback"
+            assert any(request_id in r.getMessage() and r.exc_info for r in caplog.records), (
+                "logged with its request id and traceback"
+            )
     json.dumps(BAD_FIELDS)  # the table is plain JSON (sent as bodies above)
