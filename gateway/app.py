@@ -74,6 +74,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             rehome_margin=config.rehome_margin,
             cost=get_preset(config.cost_model),
         )
+        # Also on app.state: in-process drivers (the fuzz suite) wait on its accounting.
         state["pipeline"] = app.state.pipeline = Pipeline(config, store, pool, policy, upstream)
         try:
             yield
