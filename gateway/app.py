@@ -7,6 +7,7 @@ signatures at run time.
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -23,6 +24,8 @@ from gateway.config import GatewayConfig
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
+from gateway.dialects.fields import within_depth
+from gateway.exposure import ReplicaLabels, header_value
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from gateway.quotas import Lease, QuotaExceeded
@@ -39,12 +42,16 @@ RETRY_AFTER_S = "2"
 # sampling fields in the body (Codex: ``http_headers`` in its provider config). The body's
 # own fields win.
 PARAMS_HEADER = "x-foldgate-params"
+# Deeper JSON than any agent sends (tool schemas nest a few tens of levels): past it a
+# body would reach recursion limits downstream (orjson writes at most 254 levels upstream).
+MAX_JSON_DEPTH = 128
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
     """The gateway app; opens the store and starts the replica pool in its lifespan."""
     check_key_hashes(config.api_keys)
     state: dict[str, Any] = {}
+    replicas = ReplicaLabels(config.cache_salt_secret, config.debug)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,7 +74,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             rehome_margin=config.rehome_margin,
             cost=get_preset(config.cost_model),
         )
-        state["pipeline"] = Pipeline(config, store, pool, policy, upstream)
+        # Also on app.state: in-process drivers (the fuzz suite) wait on its accounting.
+        state["pipeline"] = app.state.pipeline = Pipeline(config, store, pool, policy, upstream)
         try:
             yield
         finally:
@@ -79,6 +87,19 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="foldgate", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     async def handle(dialect: Dialect, request: Request) -> Response:
+        try:
+            return await answer(dialect, request)
+        except Exception:  # a bug: the client still gets its dialect's error shape
+            request_id = uuid.uuid4().hex
+            log.exception("unexpected error on %s (request %s)", dialect.path, request_id)
+            err = DialectError(
+                f"internal error (request id {request_id})", status=500, kind="api_error"
+            )
+            return JSONResponse(
+                dialect.error_body(err), status_code=500, headers={"x-request-id": request_id}
+            )
+
+    async def answer(dialect: Dialect, request: Request) -> Response:
         received = time.perf_counter()
         pipeline: Pipeline = state["pipeline"]
         strategy = request.headers.get(config.strategy_header) or config.strategy
@@ -102,8 +123,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             strategy = prepared.strategy
             replica, rendered_tokens, chunks = await pipeline.run(prepared)
             headers = {
-                "x-foldgate-session": prepared.session,
-                "x-foldgate-replica": replica.url,
+                "x-foldgate-session": header_value(prepared.session),
+                "x-foldgate-replica": replicas.label(replica.url),
                 "x-foldgate-prompt-tokens-raw": str(prepared.raw_tokens),
                 "x-foldgate-prompt-tokens-rendered": str(rendered_tokens),
             }
@@ -140,11 +161,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 headers={"retry-after": RETRY_AFTER_S},
             )
         except NoHealthyReplica as exc:
+            log.warning("no replica: %s", exc)  # names the replicas: for the log only
             return error(
-                DialectError(str(exc), status=503, kind="overloaded_error"),
+                DialectError(
+                    "no model server available, retry", status=503, kind="overloaded_error"
+                ),
                 headers={"retry-after": RETRY_AFTER_S},
             )
         except UpstreamError as exc:
+            log.warning("upstream refused: %s", exc)
             return error(dialect.upstream_refusal(exc))
         finally:
             if lease is not None:
@@ -169,11 +194,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         pipeline: Pipeline = state["pipeline"]
-        healthy = [r.url for r in pipeline.pool.healthy()]
+        healthy = [replicas.label(r.url) for r in pipeline.pool.healthy()]
         body = {"status": "ok" if healthy else "degraded", "healthy_replicas": healthy}
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    app.include_router(sessions_router(lambda: state["pipeline"], config))
+    app.include_router(sessions_router(lambda: state["pipeline"], config, replicas.hide))
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -193,6 +218,8 @@ def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dic
         raise DialectError(f"not valid JSON: {exc}", param=PARAMS_HEADER) from exc
     if not isinstance(params, dict):
         raise DialectError("must be a JSON object", param=PARAMS_HEADER)
+    if not within_depth(params, MAX_JSON_DEPTH):
+        raise DialectError(f"nested deeper than {MAX_JSON_DEPTH} levels", param=PARAMS_HEADER)
     return {**params, **body}
 
 
@@ -234,4 +261,6 @@ async def _read_json(request: Request, limit: int, timeout_s: float) -> dict[str
         raise DialectError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise DialectError("request body must be a JSON object")
+    if not within_depth(body, MAX_JSON_DEPTH):
+        raise DialectError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
     return body

@@ -73,6 +73,9 @@ class GatewayConfig:
     probe_interval_s: float = 2.0
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
+    debug: bool = False
+    """Show clients the replicas' URLs (``x-foldgate-replica``, session listings) instead
+    of opaque labels."""
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
@@ -103,7 +106,7 @@ def _from_env(name: str, raw: str) -> Any:
         return json.loads(raw)
     if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts", "max_concurrency"}:
         return int(raw)
-    if name == "ui":
+    if name in {"ui", "debug"}:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
     if name.endswith("_s") or name == "rehome_margin":
         return float(raw)

@@ -6,16 +6,24 @@ whole run: tenant, system prompt and first user message.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import xxhash
 
 from gateway.config import GatewayConfig
+from gateway.dialects.errors import DialectError
 from gateway.tenants import hash_key
 from gateway.transcript import Transcript
 
 MAX_SESSION_ID_CHARS = 256
+# An id over the limit keeps this much of itself, readable in listings, before the digest.
+_LONG_ID_KEPT = 200
+# C0 controls, DEL and C1 controls: nothing a client means in an id, and CR/LF/NUL would
+# corrupt the response header the id is echoed in (or the store key).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class UnknownApiKey(Exception):
@@ -47,19 +55,43 @@ def resolve_session(
     transcript: Transcript,
     config: GatewayConfig,
 ) -> str:
-    """Header, then body fields, then Anthropic ``metadata.user_id``, else a content digest."""
+    """Header, then ``prompt_cache_key`` / ``metadata.session_id``, then Anthropic
+    ``metadata.user_id``, else a content digest.
+
+    OpenAI's ``user`` names the end user, not a conversation: one user runs many sessions,
+    so it is not an id here. Every id passes ``session_id``.
+    """
     metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
     candidates = (
-        headers.get(config.session_header),
-        body.get("prompt_cache_key"),
-        metadata.get("session_id"),
-        body.get("user"),
-        metadata.get("user_id"),
+        (config.session_header, headers.get(config.session_header)),
+        ("prompt_cache_key", body.get("prompt_cache_key")),
+        ("metadata.session_id", metadata.get("session_id")),
+        ("metadata.user_id", metadata.get("user_id")),
     )
-    for value in candidates:
-        if isinstance(value, str) and value.strip():
-            return value.strip()[:MAX_SESSION_ID_CHARS]
+    for source, value in candidates:
+        if value is not None:
+            session = session_id(value, source)
+            if session:
+                return session
     return _digest_session(tenant, transcript)
+
+
+def session_id(value: Any, source: str) -> str:
+    """A client's session id as the gateway keys it ("" for a blank one, which names none).
+
+    Control characters are refused (400 naming ``source``). An id over
+    ``MAX_SESSION_ID_CHARS`` keeps its start and gains a digest of the whole id, so two
+    long ids that share a prefix stay two sessions.
+    """
+    if not isinstance(value, str):
+        raise DialectError("a session id must be a string", param=source)
+    value = value.strip()
+    if _CONTROL.search(value):
+        raise DialectError("a session id must not contain control characters", param=source)
+    if len(value) > MAX_SESSION_ID_CHARS:
+        digest = hashlib.sha256(value.encode()).hexdigest()[:32]
+        value = f"{value[:_LONG_ID_KEPT]}~{digest}"
+    return value
 
 
 def _digest_session(tenant: str, transcript: Transcript) -> str:

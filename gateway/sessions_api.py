@@ -29,8 +29,11 @@ RETRY_AFTER_S = "2"
 UI_FILES = {"": ("index.html", "text/html"), "inspector.js": ("inspector.js", "text/javascript")}
 
 
-def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> APIRouter:
-    """The routes; ``pipeline`` gives the app's pipeline once its lifespan started it."""
+def sessions_router(
+    pipeline: Callable[[], Pipeline], config: GatewayConfig, shown: Callable[[Any], Any]
+) -> APIRouter:
+    """The routes; ``pipeline`` gives the app's pipeline once its lifespan started it;
+    ``shown`` is what a client may see of a built answer (replica labels, not URLs)."""
     router = APIRouter()
 
     async def answer(
@@ -38,7 +41,7 @@ def sessions_router(pipeline: Callable[[], Pipeline], config: GatewayConfig) -> 
     ) -> Response:
         try:
             tenant = resolve_tenant(request.headers, config)
-            return JSONResponse(await build(tenant))
+            return JSONResponse(shown(await build(tenant)))
         except UnknownApiKey as exc:
             return _error(DialectError(str(exc), status=401, kind="authentication_error"))
         except DialectError as exc:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.dialects.anthropic_replies import AnthropicStreamTranslator, to_anthropic_response
-from gateway.dialects.base import Chunks, Dialect, Exchange
+from gateway.dialects.base import Chunks, Dialect, Exchange, mid_stream_error
 from gateway.dialects.chunks import ChunkAccumulator, format_sse
 from gateway.dialects.convert import (
     params_to_anthropic,
@@ -49,6 +49,7 @@ from gateway.dialects.fields import (
     OPENAI,
     DialectName,
     answered_call,
+    check_fields,
     check_request_body,
     expect_bool,
     expect_list,
@@ -56,14 +57,48 @@ from gateway.dialects.fields import (
     expect_str,
     extra_fields,
     hints,
+    integer,
     make_meta,
+    number,
     require,
+    strings,
 )
 from gateway.transcript import Message, Opaque, Part, Text, Thinking, ToolCall, Transcript
-from gateway.upstream import UpstreamError
 
 _ASSISTANT_ONLY = frozenset({"thinking", "redacted_thinking", "tool_use"})
 _ABSENT = object()
+_TOOL_CHOICES = ("auto", "any", "tool", "none")
+
+
+def _check_tool_choice(value: Any, path: str) -> None:
+    """Anthropic's ``tool_choice``, which is converted to chat's (``convert``)."""
+    choice = expect_object(value, path)
+    kind = expect_str(require(choice, "type", path), f"{path}.type")
+    if kind not in _TOOL_CHOICES:
+        raise DialectError(
+            f"unknown tool_choice type {kind!r}; expected one of {', '.join(_TOOL_CHOICES)}",
+            param=f"{path}.type",
+        )
+    if kind == "tool":
+        expect_str(require(choice, "name", path), f"{path}.name")
+    if "disable_parallel_tool_use" in choice:
+        expect_bool(choice["disable_parallel_tool_use"], f"{path}.disable_parallel_tool_use")
+
+
+# The request fields the gateway reads or converts, and the sampling fields whose meaning
+# it forwards: wrong types are refused before anything is stored. Ranges are Anthropic's,
+# but temperature's is OpenAI's: the replicas sample as vLLM does, and a chat body's
+# temperature converts to this dialect.
+_FIELD_CHECKS = {
+    "stream": expect_bool,
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "top_k": integer(0),
+    "stop_sequences": strings,
+    "metadata": expect_object,
+    "tool_choice": _check_tool_choice,
+    "thinking": expect_object,
+}
 
 
 def decode_request(body: Any) -> Transcript:
@@ -77,9 +112,8 @@ def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
     one with ``decode_item``."""
     body = check_request_body(body)
     expect_str(require(body, "model", ""), "model")
-    max_tokens = require(body, "max_tokens", "")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise DialectError("expected an integer", param="max_tokens")
+    integer(1)(require(body, "max_tokens", ""), "max_tokens")
+    check_fields(body, _FIELD_CHECKS)
     messages = expect_list(require(body, "messages", ""), "messages")
     if not messages:
         raise DialectError("must contain at least one message", param="messages")
@@ -231,6 +265,12 @@ def _decode_block(raw: Any, path: str, role: str, issued: set[str]) -> Part:
         issued.add(call_id)
         meta = make_meta(ANTHROPIC, fields=fields("id", "name", "input"))
         return ToolCall(call_id, name, json.dumps(arguments, ensure_ascii=False), meta)
+    if kind in ("image", "document"):
+        # Read when written upstream in chat form (``convert.part_to_openai``).
+        source = expect_object(require(block, "source", path), f"{path}.source")
+        for key in ("type", "media_type", "data", "url"):
+            if key in source:
+                expect_str(source[key], f"{path}.source.{key}")
     return Opaque(dict(block))
 
 
@@ -416,8 +456,8 @@ class AnthropicMessages(Dialect):
             async for chunk in chunks:
                 for event, data in translator.feed(chunk):
                     yield format_sse(event, data)
-        except UpstreamError as exc:
-            err = DialectError(f"upstream failed mid-stream: {exc}", status=502, kind="api_error")
+        except Exception as exc:  # the status line is sent: the stream must still end well
+            err = mid_stream_error(exc)
             yield format_sse("error", self.error_body(err))
             return
         for event, data in translator.finish():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.dialects.chunks import ChunkAccumulator, thinking_text, upstream_error
+from gateway.dialects.chunks import ChunkAccumulator, call_delta, thinking_text, upstream_error
 from gateway.dialects.convert import tool_input
 from gateway.dialects.openai_chat import decode_reply
 from gateway.transcript import Message
@@ -110,9 +110,9 @@ class AnthropicStreamTranslator:
         self._message_id = message_id
         self._started = False
         self._done = False
-        self._open: str | None = None  # "text", "thinking" or "tool:<index>"
+        self._open: str | None = None  # "text", "thinking" or "call:<index>"
         self._next_index = 0
-        self._tools_seen: set[int] = set()
+        self._calls_begun: set[int] = set()
 
     def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
         if self._done:
@@ -202,23 +202,13 @@ class AnthropicStreamTranslator:
         return [*events, ("content_block_delta", data)]
 
     def _tool_delta(self, call: Mapping[str, Any]) -> list[Event]:
-        index = int(call.get("index", 0))
-        fn = call.get("function") or {}
+        delta = call_delta(call, self._open, self._calls_begun)
         events: list[Event] = []
-        kind = f"tool:{index}"
-        if self._open != kind:
-            if index in self._tools_seen:
-                raise upstream_error(f"tool call {index} resumed after another block started")
-            self._tools_seen.add(index)
-            block = {
-                "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": fn.get("name") or "",
-                "input": {},
-            }
-            events = self._open_block(kind, block)
-        if fn.get("arguments"):
-            delta = {"type": "input_json_delta", "partial_json": fn["arguments"]}
-            data = {"type": "content_block_delta", "index": self._next_index, "delta": delta}
+        if delta.starts:
+            block = {"type": "tool_use", "id": delta.id, "name": delta.name, "input": {}}
+            events = self._open_block(delta.key, block)
+        if delta.arguments:
+            json_delta = {"type": "input_json_delta", "partial_json": delta.arguments}
+            data = {"type": "content_block_delta", "index": self._next_index, "delta": json_delta}
             events.append(("content_block_delta", data))
         return events

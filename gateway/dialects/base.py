@@ -9,6 +9,7 @@ lists them; the app registers one route per dialect.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any, ClassVar
 from gateway.dialects.errors import DialectError
 from gateway.transcript import Message, Transcript
 from gateway.upstream import UpstreamError
+
+log = logging.getLogger("foldgate")
 
 Chunks = AsyncIterator[dict[str, Any]]
 
@@ -79,13 +82,38 @@ class Dialect(ABC):
     def upstream_refusal(self, exc: UpstreamError) -> DialectError:
         """An upstream refusal (a 4xx such as context too long) as this gateway's error."""
         detail = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else exc.body
-        message = detail.get("message") if isinstance(detail, dict) else None
         status = exc.status if exc.status and 400 <= exc.status < 500 else 502
         kind = "invalid_request_error" if status < 500 else "api_error"
         code = detail.get("code") if isinstance(detail, dict) else None
+        message = upstream_message(exc)
         if not isinstance(code, str):
-            code = refusal_code(status, str(message or exc))
-        return DialectError(f"upstream: {message or exc}", status=status, kind=kind, code=code)
+            code = refusal_code(status, message)
+        return DialectError(f"upstream: {message}", status=status, kind=kind, code=code)
+
+
+def mid_stream_error(exc: Exception) -> DialectError:
+    """The error event that ends a stream whose status line is already sent; what is not
+    an upstream failure is a bug, logged here with its traceback."""
+    if isinstance(exc, UpstreamError):
+        message = upstream_message(exc)
+    elif isinstance(exc, DialectError):
+        message = exc.message
+    else:
+        log.error("stream failed", exc_info=exc)
+        message = "internal error"
+    return DialectError(f"upstream failed mid-stream: {message}", status=502, kind="api_error")
+
+
+def upstream_message(exc: UpstreamError) -> str:
+    """What a client may read of an upstream failure: the replica's own error message when
+    it sent one, else the kind of failure; never ``str(exc)``, which names the replica."""
+    detail = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else exc.body
+    message = detail.get("message") if isinstance(detail, dict) else detail
+    if isinstance(message, str) and message.strip():
+        return message
+    if exc.status and exc.status != 502:
+        return f"the model server answered HTTP {exc.status}"
+    return "the model server failed or stopped answering"
 
 
 def refusal_code(status: int | None, message: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.errors import DialectError
@@ -31,6 +32,35 @@ def thinking_field(message: Mapping[str, Any]) -> str:
 def thinking_text(message: Mapping[str, Any]) -> str | None:
     name = thinking_field(message)
     return message[name] if name else None
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """One streamed tool-call delta, as a reply writer needs it."""
+
+    key: str  # "call:<index>": the block or item the call is written in
+    starts: bool  # its first delta: the writer opens the call's block or item
+    id: str
+    name: str
+    arguments: str
+
+
+def call_delta(call: Mapping[str, Any], open_key: str | None, begun: set[int]) -> CallDelta:
+    """A tool-call delta read against the block the writer has open (``open_key``) and the
+    calls already begun (``begun``, updated). Calls stream one after another, as vLLM and
+    OpenAI send them; a call that resumes after another block began cannot be written as
+    one block and is refused (502)."""
+    index = int(call.get("index", 0))
+    fn = call.get("function") or {}
+    key = f"call:{index}"
+    starts = open_key != key
+    if starts:
+        if index in begun:
+            raise upstream_error(f"tool call {index} resumed after another block started")
+        begun.add(index)
+    return CallDelta(
+        key, starts, call.get("id") or "", fn.get("name") or "", fn.get("arguments") or ""
+    )
 
 
 class ChunkAccumulator:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.dialects.base import Chunks, Dialect, Exchange
+from gateway.dialects.base import Chunks, Dialect, Exchange, mid_stream_error
 from gateway.dialects.chunks import ChunkAccumulator, format_sse
 from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
 from gateway.dialects.errors import DialectError, openai_error_body
@@ -30,17 +30,21 @@ from gateway.dialects.fields import (
     DIALECT_PARAM,
     OPENAI,
     answered_call,
+    check_fields,
     check_request_body,
+    expect_bool,
     expect_list,
     expect_object,
     expect_str,
     extra_fields,
     hints,
+    integer,
     make_meta,
+    number,
     require,
+    string_or_strings,
 )
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
-from gateway.upstream import UpstreamError
 
 _ROLES: Mapping[str, Role] = {
     "system": "system",
@@ -53,6 +57,28 @@ _THINKING_FIELDS = ("reasoning_content", "reasoning")
 # vLLM reads (and its /tokenize keeps) ``reasoning``; used for thinking from other dialects.
 _DEFAULT_THINKING_FIELD = "reasoning"
 _ABSENT = object()
+# The request fields the gateway reads or converts, and the sampling fields whose meaning
+# it forwards: wrong types are refused here, before anything is stored (``"false"`` is not
+# false, ``"8"`` not 8). Ranges are OpenAI's.
+_FIELD_CHECKS = {
+    "stream": expect_bool,
+    "stream_options": expect_object,
+    "max_tokens": integer(1),
+    "max_completion_tokens": integer(1),
+    "n": integer(1, 1),  # one choice: the gateway keeps, restores and accounts choice 0
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "presence_penalty": number(-2, 2),
+    "frequency_penalty": number(-2, 2),
+    "seed": integer(-(2**63), 2**63 - 1),
+    "logprobs": expect_bool,
+    "top_logprobs": integer(0, 20),
+    "parallel_tool_calls": expect_bool,
+    "stop": string_or_strings,
+    "user": expect_str,
+    "prompt_cache_key": expect_str,
+    "metadata": expect_object,
+}
 
 ContentPart = Text | Opaque
 
@@ -67,6 +93,7 @@ def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
     (tools, params) and the raw message list, to decode one by one with ``decode_item``."""
     body = check_request_body(body)
     expect_str(require(body, "model", ""), "model")
+    check_fields(body, _FIELD_CHECKS)
     messages = expect_list(require(body, "messages", ""), "messages")
     if not messages:
         raise DialectError("must contain at least one message", param="messages")
@@ -331,8 +358,8 @@ class OpenAIChat(Dialect):
         try:
             async for chunk in chunks:
                 yield format_sse(None, chunk)
-        except UpstreamError as exc:
-            err = DialectError(f"upstream failed mid-stream: {exc}", status=502, kind="api_error")
+        except Exception as exc:  # the status line is sent: the stream must still end well
+            err = mid_stream_error(exc)
             yield format_sse(None, self.error_body(err))
             return
         yield format_sse(None, "[DONE]")

@@ -34,21 +34,29 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from gateway.dialects.base import Chunks, Dialect, Exchange, refusal_code
-from gateway.dialects.chunks import ChunkAccumulator, format_sse, thinking_text, upstream_error
+from gateway.dialects.base import Chunks, Dialect, Exchange, refusal_code, upstream_message
+from gateway.dialects.chunks import (
+    ChunkAccumulator,
+    call_delta,
+    format_sse,
+    thinking_text,
+)
 from gateway.dialects.errors import DialectError, openai_error_body
 from gateway.dialects.fields import (
     DIALECT_PARAM,
     OPENAI,
     RESPONSES,
     answered_call,
+    check_fields,
     check_request_body,
     expect_bool,
     expect_list,
     expect_object,
     expect_str,
     extra_fields,
+    integer,
     make_meta,
+    number,
     require,
 )
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
@@ -76,15 +84,23 @@ _ROLES: Mapping[str, Role] = {
 # Items a model produces in one turn; side by side they form one assistant message.
 _TURN_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call"})
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
-
-
-def _number(body: Mapping[str, Any], key: str, kind: type = float) -> Any:
-    value = body.get(key)
-    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
-    if value is not None and (not ok or isinstance(value, bool)):
-        noun = "an integer" if kind is int else "a number"
-        raise DialectError(f"expected {noun}", param=key)
-    return value
+# The request fields the gateway reads or converts, and the sampling fields whose meaning
+# it forwards: wrong types are refused before anything is stored. Ranges are OpenAI's.
+_FIELD_CHECKS = {
+    "stream": expect_bool,
+    "store": expect_bool,
+    "parallel_tool_calls": expect_bool,
+    "background": expect_bool,
+    "max_output_tokens": integer(1),
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "top_logprobs": integer(0, 20),
+    "max_tool_calls": integer(1),
+    "user": expect_str,
+    "safety_identifier": expect_str,
+    "prompt_cache_key": expect_str,
+    "metadata": expect_object,
+}
 
 
 def _convert_tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -140,15 +156,11 @@ def _convert_text_format(text: Any) -> dict[str, Any] | None:
 
 def _params(body: Mapping[str, Any]) -> dict[str, Any]:
     """The request's parameters as Chat Completions fields."""
-    for key in ("temperature", "top_p"):
-        _number(body, key)
-    for key in ("stream", "store", "parallel_tool_calls", "background"):
-        if body.get(key) is not None:
-            expect_bool(body[key], key)
+    check_fields(body, _FIELD_CHECKS)
     if body.get("background"):
         raise DialectError("background responses are not supported", param="background")
     params = {k: v for k, v in body.items() if k not in _CONSUMED}
-    if _number(body, "max_output_tokens", int) is not None:
+    if body.get("max_output_tokens") is not None:
         params["max_tokens"] = body["max_output_tokens"]
     if body.get("tool_choice") is not None:
         params["tool_choice"] = _convert_tool_choice(body["tool_choice"])
@@ -377,7 +389,7 @@ class ResponseWriter:
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._open_key = ""  # "reasoning", "text" or "call:<index>"
         self._open_text: list[str] = []  # its text or arguments so far
-        self._calls_seen: set[int] = set()
+        self._calls_begun: set[int] = set()
         self._sequence = 0
         self._error: dict[str, Any] | None = None
 
@@ -458,12 +470,13 @@ class ResponseWriter:
     def failed(self, exc: Exception) -> Event:
         self.status = "failed"
         if isinstance(exc, UpstreamError):
-            code = refusal_code(exc.status, str(exc)) or "server_error"
+            message = upstream_message(exc)
+            code = refusal_code(exc.status, message) or "server_error"
         elif isinstance(exc, DialectError):
-            code = exc.code or "server_error"
-        else:
-            code = "server_error"
-        self._error = {"code": code, "message": f"upstream failed mid-stream: {exc}"}
+            message, code = exc.message, exc.code or "server_error"
+        else:  # logged by the caller
+            message, code = "internal error", "server_error"
+        self._error = {"code": code, "message": f"upstream failed mid-stream: {message}"}
         return self._event("response.failed", response=self.snapshot())
 
     def _item_ref(self) -> dict[str, Any]:
@@ -508,30 +521,25 @@ class ResponseWriter:
         return events
 
     def _call_delta(self, call: Mapping[str, Any]) -> list[Event]:
-        index = int(call.get("index", 0))
-        fn = call.get("function") or {}
+        delta = call_delta(call, self._open_key, self._calls_begun)
         events: list[Event] = []
-        key = f"call:{index}"
-        if self._open_key != key:
-            if index in self._calls_seen:
-                raise upstream_error(f"tool call {index} resumed after another item started")
-            self._calls_seen.add(index)
+        if delta.starts:
             item = {
                 "id": f"fc_{uuid.uuid4().hex}",
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": call.get("id") or f"call_{uuid.uuid4().hex}",
-                "name": fn.get("name") or "",
+                "call_id": delta.id or f"call_{uuid.uuid4().hex}",
+                "name": delta.name,
                 "arguments": "",
             }
-            events = self._begin(key, item)
-        if fn.get("arguments"):
-            self._open_text.append(fn["arguments"])
+            events = self._begin(delta.key, item)
+        if delta.arguments:
+            self._open_text.append(delta.arguments)
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
                     **self._item_ref(),
-                    delta=fn["arguments"],
+                    delta=delta.arguments,
                 )
             )
         return events

@@ -137,7 +137,8 @@ async def test_response_headers_report_session_replica_and_tokens(gateway_with_f
         )
         assert resp.status_code == 200
         assert resp.headers["x-foldgate-session"] == "hdr-test"
-        assert resp.headers["x-foldgate-replica"] == fake.url
+        assert resp.headers["x-foldgate-replica"].startswith("replica-")
+        assert fake.url not in resp.headers.values()  # no internal address without debug
         raw = int(resp.headers["x-foldgate-prompt-tokens-raw"])
         rendered = int(resp.headers["x-foldgate-prompt-tokens-rendered"])
         assert rendered < raw / 2

@@ -23,16 +23,17 @@ def test_order_of_session_sources():
     body = {
         "prompt_cache_key": "pck",
         "metadata": {"session_id": "meta-sid", "user_id": "uid"},
-        "user": "user-field",
+        "user": "end-user",
     }
     assert session({"x-session-id": "hdr"}, body) == "hdr"
     assert session({}, body) == "pck"
     body.pop("prompt_cache_key")
     assert session({}, body) == "meta-sid"
     body["metadata"].pop("session_id")
-    assert session({}, body) == "user-field"
-    body.pop("user")
     assert session({}, body) == "uid"
+    body.pop("metadata")
+    # OpenAI's ``user`` is the end user, who runs many sessions: not a session id.
+    assert session({}, body) == session({}, {})
 
 
 def test_header_name_is_configurable():

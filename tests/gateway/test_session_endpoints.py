@@ -43,7 +43,10 @@ async def test_session_figures_come_from_its_requests(gateway_with_fake, client)
     assert summary["upstream_prompt_tokens"] == sum(
         len(json.dumps(body["messages"])) // 4 for body in fake.requests
     )
-    assert summary["replica"] == fake.url and {r["replica"] for r in log} == {fake.url}
+    # Clients see a label for the replica, never its address (no debug setting here).
+    assert summary["replica"].startswith("replica-")
+    assert {r["replica"] for r in log} == {summary["replica"]}
+    assert fake.url not in json.dumps([listing, detail])
     # Step 1 repeats step 0 and step 2 is marked stale: once they are below the chunk
     # boundary (7 steps, k=3: steps 0-2), the context holds a stub and a fold.
     assert (summary["stubs"], summary["folds"]) == (1, 1)

@@ -68,7 +68,7 @@ async def test_sticky_cost_routes_with_the_sessions_accounting(
 ):
     """The cost-aware policy serves a session through the gateway and keeps it on its
     replica; the gateway reads the session's last prompt from its accounting for it."""
-    async with gateway_with_fake(policy="sticky_cost") as (url, fake):
+    async with gateway_with_fake(policy="sticky_cost", debug=True) as (url, fake):
         for step in range(1, 4):
             body = {"model": "m", "max_tokens": 8, "messages": anthropic_turns(step, marked=1)}
             resp = await client.post(

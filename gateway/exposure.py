@@ -1,0 +1,51 @@
+"""What the gateway shows a client about itself: header-safe echoes of client values, and
+replica labels in place of the replicas' internal addresses.
+
+A replica's URL is an internal address (a pod IP, a host name); clients see a label that
+is stable for the replica (a keyed digest of its URL, so it cannot be reversed by trying
+addresses) unless the operator turns ``debug`` on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import Any
+from urllib.parse import quote
+
+# Printable ASCII but "%": what a percent-encoded header value may hold verbatim.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_value(value: str) -> str:
+    """``value`` as a response header: verbatim when it is printable ASCII, else its UTF-8
+    percent-encoded (a header holds latin-1 at most, and never CR, LF or NUL)."""
+    if value.isascii() and value.isprintable():
+        return value
+    return quote(value, safe=_HEADER_SAFE)
+
+
+class ReplicaLabels:
+    """Replica URL -> what a client is shown for it."""
+
+    def __init__(self, secret: str | None, debug: bool = False) -> None:
+        # Without a configured secret, labels are stable within this process only.
+        self._key = secret.encode() if secret else secrets.token_bytes(16)
+        self.debug = debug
+
+    def label(self, url: str) -> str:
+        if self.debug:
+            return url
+        return "replica-" + hmac.new(self._key, url.encode(), hashlib.sha256).hexdigest()[:12]
+
+    def hide(self, value: Any) -> Any:
+        """``value`` (a JSON document) with every string under a ``replica`` key labelled."""
+        if isinstance(value, dict):
+            return {
+                k: self.label(v) if k == "replica" and isinstance(v, str) else self.hide(v)
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [self.hide(v) for v in value]
+        return value

@@ -1,0 +1,261 @@
+"""Hostile requests for each dialect, made cheaply: a pool of valid bodies drawn once from
+the dialect strategies (``tests/dialects/strategies.py``), then, per request, one seeded
+mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
+(body or header), deep nesting at any node, random nodes replaced or dropped, broken JSON
+text, odd headers. About a tenth go out unmutated (and still pass the checks as valid
+requests do). Deterministic for a seed."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from gateway.app import MAX_JSON_DEPTH
+from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    path: str
+    strategy: st.SearchStrategy[dict[str, Any]]
+    # Fields the gateway reads, with values of the wrong type or out of range.
+    typed: dict[str, list[Any]]
+    # Where a body may name its session.
+    id_fields: tuple[tuple[str, ...], ...]
+
+
+_BAD_BOOL = ["false", "true", 0, 1, [], {}]
+_BAD_INT = [-1, 0, "8", 8.5, 1e308, -1e308, True, [], {"n": 1}]
+_BAD_NUMBER = ["0.5", -1, 99, 1e308, True, [], {}]
+DIALECTS = {
+    "openai": Dialect(
+        "openai",
+        "/v1/chat/completions",
+        openai_bodies(),
+        {
+            "stream": _BAD_BOOL,
+            "max_tokens": _BAD_INT,
+            "max_completion_tokens": _BAD_INT,
+            "n": [2, 0, "1"],
+            "temperature": _BAD_NUMBER,
+            "top_p": _BAD_NUMBER,
+            "stop": [1, [None]],
+            "messages": ["hi", {}, [], None],
+            "model": [1, None],
+            "tools": ["bash", [1]],
+            "stream_options": ["yes", 1],
+        },
+        (("prompt_cache_key",), ("metadata", "session_id"), ("user",)),
+    ),
+    "anthropic": Dialect(
+        "anthropic",
+        "/v1/messages",
+        anthropic_bodies(),
+        {
+            "stream": _BAD_BOOL,
+            "max_tokens": [*_BAD_INT, None],
+            "temperature": _BAD_NUMBER,
+            "top_k": [-1, "5", 1.5],
+            "stop_sequences": ["END", [1]],
+            "messages": ["hi", {}, [], None],
+            "system": [1, [1], [{"type": "image"}]],
+            "tool_choice": ["auto", 1],
+            "metadata": ["m", []],
+        },
+        (("metadata", "user_id"), ("metadata", "session_id")),
+    ),
+    "responses": Dialect(
+        "responses",
+        "/v1/responses",
+        responses_bodies(),
+        {
+            "stream": _BAD_BOOL,
+            "store": _BAD_BOOL,
+            "max_output_tokens": _BAD_INT,
+            "temperature": _BAD_NUMBER,
+            "input": [1, {}, [], None, [1]],
+            "instructions": [1, []],
+            "tools": ["x", [1]],
+            "tool_choice": [1, {"type": "web_search"}],
+            "previous_response_id": [1, "resp_unknown"],
+            "background": [True],
+        },
+        (("prompt_cache_key",), ("metadata", "session_id")),
+    ),
+}
+
+ODD_IDS = [
+    "a\x00b", "a\r\nx-evil: 1", "line\nbreak", "del\x7f", "c1\x85", "tab\tid", "  ",
+    "", "café", "セッション", "emoji-🙂", "x" * 300, "y" * 5000, "%00", "../../etc",
+    "quote\"'", "a" * 256, "a" * 257,
+]  # fmt: skip
+# Header values a real HTTP server lets through (no CR, LF or NUL): latin-1 and odd ASCII.
+ODD_HEADER_IDS = [b"caf\xe9", b"\xff\xfe", b"del\x7f", b"tab\tid", b"x" * 400, b"%", b" "]
+JUNK: list[Any] = [None, True, -1, 0, 2**40, 1.5, "", "x", [], {}, [None], {"": None}]
+# Text that orjson refuses, or takes as something odd, spliced in place of a value.
+RAW_JUNK = [b"NaN", b"Infinity", b"-0", b"1e999", b"123456789012345678901234567890", b'"\\ud800"']
+STRATEGIES = ["refold", "base", "cliff", "mask", "clip", "refold+cliff", "nope", "", "refold+"]
+
+
+def pool(dialect: Dialect, size: int) -> list[dict[str, Any]]:
+    """``size`` valid bodies from the dialect's strategy (deterministic)."""
+    found: list[dict[str, Any]] = []
+
+    @settings(
+        max_examples=size,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(dialect.strategy)
+    def collect(body: dict[str, Any]) -> None:
+        found.append(body)
+
+    collect()
+    return found
+
+
+@dataclass
+class Request:
+    body: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    kind: str = "valid"
+
+
+class Mutator:
+    """One request per call: a pooled body, mutated by one of the mutations below."""
+
+    def __init__(self, dialect: Dialect, bodies: list[dict[str, Any]], seed: int) -> None:
+        self.dialect = dialect
+        self.bodies = bodies
+        self.rng = random.Random(seed)
+        self.mutations: list[tuple[float, Callable[[dict[str, Any]], Request]]] = [
+            (10, self.valid),
+            (14, self.wrong_type),
+            (12, self.odd_id),
+            (5, self.odd_header),
+            (12, self.deep),
+            (14, self.replace_node),
+            (5, self.drop_node),
+            (5, self.broken_text),
+            (3, self.odd_params_header),
+        ]
+        self._weights = [w for w, _ in self.mutations]
+
+    def next(self) -> Request:
+        body = orjson.loads(orjson.dumps(self.rng.choice(self.bodies)))  # a fresh copy
+        (mutate,) = self.rng.choices([m for _, m in self.mutations], self._weights)
+        request = mutate(body)
+        if self.rng.random() < 0.3:
+            strategy = self.rng.choice(STRATEGIES).encode()
+            request.headers.append((b"x-foldgate-strategy", strategy))
+        if self.rng.random() < 0.1:
+            fold = self.rng.choice([b"auto", b"on", b"off", b"sometimes", b""])
+            request.headers.append((b"x-foldgate-fold", fold))
+        if self.rng.random() < 0.5:
+            session = f"fuzz-{self.rng.randrange(40)}".encode()
+            request.headers.append((b"x-session-id", session))
+        return request
+
+    # --- mutations -------------------------------------------------------------------
+
+    def valid(self, body: dict[str, Any]) -> Request:
+        if self.rng.random() < 0.5:
+            body["stream"] = self.rng.random() < 0.5
+        return Request(orjson.dumps(body))
+
+    def wrong_type(self, body: dict[str, Any]) -> Request:
+        name = self.rng.choice(list(self.dialect.typed))
+        body[name] = self.rng.choice(self.dialect.typed[name])
+        return Request(orjson.dumps(body), kind=f"type:{name}")
+
+    def odd_id(self, body: dict[str, Any]) -> Request:
+        path = self.rng.choice(self.dialect.id_fields)
+        value = self.rng.choice([*ODD_IDS, self.rng.choice(JUNK)])
+        target = body
+        for key in path[:-1]:
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
+            target = target[key]
+        target[path[-1]] = value
+        return Request(orjson.dumps(body), kind="id:" + ".".join(path))
+
+    def odd_header(self, body: dict[str, Any]) -> Request:
+        headers = [(b"x-session-id", self.rng.choice(ODD_HEADER_IDS))]
+        return Request(orjson.dumps(body), headers, kind="id:header")
+
+    def deep(self, body: dict[str, Any]) -> Request:
+        limit = MAX_JSON_DEPTH
+        depth = self.rng.choice([limit - 6, limit, limit + 1, 254, 255, 300, 1000, 1023, 5000])
+        arrays = [self.rng.random() < 0.5 for _ in range(depth)]
+        opens = b"".join(b"[" if array else b'{"k":' for array in arrays)
+        closes = b"".join(b"]" if array else b"}" for array in reversed(arrays))
+        return self._splice(body, opens + b"1" + closes, kind="deep")
+
+    def replace_node(self, body: dict[str, Any]) -> Request:
+        if self.rng.random() < 0.2:
+            return self._splice(body, self.rng.choice(RAW_JUNK), kind="replace:raw")
+        parent, key = self._node(body)
+        parent[key] = self.rng.choice(JUNK)
+        return Request(orjson.dumps(body), kind="replace")
+
+    def drop_node(self, body: dict[str, Any]) -> Request:
+        parent, key = self._node(body)
+        del parent[key]
+        return Request(orjson.dumps(body), kind="drop")
+
+    def broken_text(self, body: dict[str, Any]) -> Request:
+        raw = bytearray(orjson.dumps(body))
+        how = self.rng.randrange(5)
+        if how == 0:
+            raw = raw[: self.rng.randrange(len(raw))]
+        elif how == 1:
+            raw[self.rng.randrange(len(raw))] = self.rng.randrange(256)
+        elif how == 2:
+            raw[self.rng.randrange(len(raw)) :] = b"\xc3\x28" + raw[-1:]
+        elif how == 3:
+            raw = bytearray(self.rng.choice([b"", b"null", b"[]", b'"x"', b"1", b"{}"]))
+        else:
+            raw = bytearray(b'{"a":1,' * 3 + raw[1:])  # duplicate-free junk keys first
+        return Request(bytes(raw), kind="text")
+
+    def odd_params_header(self, body: dict[str, Any]) -> Request:
+        value = self.rng.choice(
+            [b"{", b"[]", b'{"stream": "false"}', b'{"max_tokens": -1}', b'{"temperature": 0}',
+             b'{"x":' + b"[" * 300 + b"]" * 300 + b"}"]
+        )  # fmt: skip
+        return Request(orjson.dumps(body), [(b"x-foldgate-params", value)], kind="params-header")
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _node(self, body: dict[str, Any]) -> tuple[Any, Any]:
+        """A random (container, key) of the body, the top level included."""
+        nodes: list[tuple[Any, Any]] = []
+        stack: list[Any] = [body]
+        while stack:
+            node = stack.pop()
+            keys = list(node) if isinstance(node, dict) else range(len(node))
+            for key in keys:
+                nodes.append((node, key))
+                if isinstance(node[key], dict | list):
+                    stack.append(node[key])
+        return self.rng.choice(nodes)
+
+    def _splice(self, body: dict[str, Any], raw: bytes, kind: str) -> Request:
+        """The body with ``raw`` JSON text in place of one of its values."""
+        marker = "@@splice@@"
+        parent, key = self._node(body)
+        if isinstance(parent, dict) and self.rng.random() < 0.5:
+            parent["x_extra"] = marker
+        else:
+            parent[key] = marker
+        return Request(orjson.dumps(body).replace(f'"{marker}"'.encode(), raw, 1), kind=kind)
