@@ -71,6 +71,10 @@ class GatewayConfig:
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
+    decode_cache_bytes: int = 128 * 1024 * 1024
+    """Bytes of session text the per-session decode cache keeps (least recent dropped)."""
+    render_cache_bytes: int = 128 * 1024 * 1024
+    """Bytes of rendered text the per-session renderer caches keep (least recent dropped)."""
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
 
@@ -101,7 +105,9 @@ def _from_env(name: str, raw: str) -> Any:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name == "tenants":
         return json.loads(raw)
-    if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts", "max_concurrency"}:
+    if name in {"k", "budget", "max_restores", "max_attempts", "max_concurrency"}:
+        return int(raw)
+    if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds
         return int(raw)
     if name == "ui":
         return raw.strip().lower() in {"1", "true", "yes", "on"}
