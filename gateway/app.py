@@ -23,6 +23,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
+from gateway.disconnect import ClientGone, unless_disconnected
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from gateway.quotas import Lease, QuotaExceeded
@@ -100,7 +101,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
             prepared = await pipeline.prepare(decoded, body, request.headers)
             prepared.received = received
             strategy = prepared.strategy
-            replica, rendered_tokens, chunks = await pipeline.run(prepared)
+            replica, rendered_tokens, chunks = await unless_disconnected(
+                request, pipeline.run(prepared)
+            )
             headers = {
                 "x-foldgate-session": prepared.session,
                 "x-foldgate-replica": replica.url,
@@ -117,7 +120,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 return StreamingResponse(
                     stream, media_type="text/event-stream", headers=headers, background=release
                 )
-            return JSONResponse(await dialect.response(chunks, exchange), headers=headers)
+            reply = await unless_disconnected(request, dialect.response(chunks, exchange))
+            return JSONResponse(reply, headers=headers)
+        except ClientGone:
+            return Response(status_code=499)  # no one reads it: the client left
         except DialectError as exc:
             return error(exc)
         except UnknownApiKey as exc:
