@@ -5,7 +5,9 @@ the FAKE instant upstream (``loadtests/fake_upstream.py``). Each of ``--sessions
 sends ``--requests`` requests of ``bench/overhead.py``'s synthetic agent session, growing to
 about ``--kb`` KB; every session's tool outputs carry its own tag, so no two sessions share
 text. RSS (``VmRSS`` of the gateway process) is read after a warm-up session and after all
-sessions; the gateway's own cache-eviction counters are read from ``/metrics``.
+sessions; the gateway's own cache-eviction counters are read from ``/metrics``. The caches'
+byte bounds are the gateway's config (``FOLDGATE_DECODE_CACHE_BYTES``,
+``FOLDGATE_RENDER_CACHE_BYTES`` in the environment reach the served gateway).
 
     .venv/bin/python bench/memory.py [--sessions 600] [--kb 256] [--requests 2]
         [--concurrency 8] [--json]
@@ -72,12 +74,12 @@ def session_bodies(template: list[dict[str, Any]], tag: str, requests: int) -> l
     ]
 
 
-def eviction_metrics(text: str) -> dict[str, float]:
-    """``foldgate_*cache*`` samples of the Prometheus text (evictions, entries, bytes)."""
+def cache_metrics(text: str) -> dict[str, float]:
+    """The per-session caches' samples in the Prometheus text (evictions, bytes held)."""
     out = {}
     for line in text.splitlines():
-        if line.startswith("foldgate_") and "cache" in line.split("{")[0].split(" ")[0]:
-            name, _, value = line.rpartition(" ")
+        name, _, value = line.rpartition(" ")
+        if name.startswith("foldgate_session_cache_") and "_created" not in name:
             out[name] = float(value)
     return out
 
@@ -89,7 +91,6 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     template = synthetic_session(STEPS, args.kb)
     fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
     argv = gateway_argv("uvicorn", gateway_port, upstream, f"sqlite:///{tmp}/mem.db")
-    argv += args.serve_args
     with (
         process(fake_argv, tmp / "fake.log") as fake,
         process(argv, tmp / "gateway.log") as gw,
@@ -117,7 +118,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await asyncio.sleep(0.5)  # accounting after the last replies
             after = rss_mb(gw.pid)
             async with http.get(f"{gateway}/metrics") as resp:
-                metrics = eviction_metrics(await resp.text())
+                metrics = cache_metrics(await resp.text())
     return {
         "sessions": args.sessions,
         "session_kb": len(session_bodies(template, "s0", args.requests)[-1]) / 1024,
@@ -136,9 +137,6 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2, help="requests per session")
     parser.add_argument("--concurrency", type=int, default=8, help="sessions at once")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument(
-        "serve_args", nargs="*", help="extra `foldgate serve` flags (after --)", default=[]
-    )
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.requests < 1 or args.concurrency < 1:
         parser.error("--sessions, --requests and --concurrency must be >= 1")

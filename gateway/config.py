@@ -72,9 +72,11 @@ class GatewayConfig:
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
     decode_cache_bytes: int = 128 * 1024 * 1024
-    """Bytes of session text the per-session decode cache keeps (least recent dropped)."""
+    """Session text the per-session decode cache keeps, in bytes as the gateway estimates
+    them (4 per estimated token); the least recently used sessions are dropped past it."""
     render_cache_bytes: int = 128 * 1024 * 1024
-    """Bytes of rendered text the per-session renderer caches keep (least recent dropped)."""
+    """Rendered text the per-session renderer caches keep, counted as ``decode_cache_bytes``.
+    A renderer keeps more than its text (ReFold's dedup index: ~5x, ``bench/memory.py``)."""
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
 
