@@ -74,9 +74,10 @@ class Render:
         renderer = self.guard.renderer(
             session, prepared.strategy, prepared.transcript, prepared.fold
         ) or self.renderer(prepared.strategy, prepared.fold)
-        # The branch the history lands on; a new one (a fork) starts without a cache.
-        key = (prepared.tenant, prepared.session, prepared.found.branch, prepared.strategy)
-        kept = self._sessions.get(key) if prepared.found.branch is not None else None
+        # The branch the history is (or will be) stored on; a new one starts without a cache.
+        branch = prepared.branch if prepared.branch is not None else prepared.found.branch
+        key = (prepared.tenant, prepared.session, branch, prepared.strategy)
+        kept = self._sessions.get(key) if branch is not None else None
         started = time.perf_counter()
         prepared.pressure = self.pressure()
         rendered = renderer.render(
