@@ -93,7 +93,7 @@ def counting(tally: Tally, backend: type[SessionStore]) -> Iterator[None]:
     def trip(original: Any) -> Any:
         async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
             # A pipeline's execute_command only queues; its execute is the round trip.
-            if not isinstance(self, RedisPipeline) or original.__name__ == "execute":
+            if not isinstance(self, RedisPipeline) or original.__name__ != "execute_command":
                 tally.trips += 1
             return await original(self, *args, **kwargs)
 
@@ -107,6 +107,8 @@ def counting(tally: Tally, backend: type[SessionStore]) -> Iterator[None]:
         else:
             stack.enter_context(patched(aioredis.Redis, "execute_command", trip))
             stack.enter_context(patched(RedisPipeline, "execute", trip))
+            # What a pipeline sends at once (e.g. redis-py's SCRIPT EXISTS before scripts).
+            stack.enter_context(patched(RedisPipeline, "immediate_execute_command", trip))
         yield
 
 

@@ -351,11 +351,17 @@ class DigestCache:
             self._seen.popitem(last=False)
         return Prepared(packed, chains, known)
 
-    def stored(self, tenant: str, session: str, count: int) -> None:
-        """The first ``count`` messages last prepared for the session are stored."""
+    def stored(self, tenant: str, session: str, prepared: Prepared, count: int) -> None:
+        """The first ``count`` messages of ``prepared`` are stored. Remembered when they are
+        also the start of what the session last prepared (another request of the session
+        may have been prepared since): their chained digests tell in one comparison."""
         seen = self._seen.get((tenant, session))
-        if seen is not None:
-            seen.stored = min(count, len(seen.messages))
+        if seen is None:
+            return
+        if count == 0 or (
+            count <= len(seen.chains) and seen.chains[count - 1] == prepared.chains[count - 1]
+        ):
+            seen.stored = count
 
     def forget(self, tenant: str, session: str) -> None:
         self._seen.pop((tenant, session), None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -94,6 +94,31 @@ class RedisStore(SessionStore):
         self._count_tenant = self._redis.register_script(redis_lua.COUNT_TENANT)
         self._charge = self._redis.register_script(redis_lua.CHARGE)
 
+    async def _scripts(
+        self,
+        calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]],
+        then: Callable[[Any], Any] | None = None,
+    ) -> list[Any]:
+        """Scripts (``(script, keys, args)``), then what ``then`` adds to the pipeline, in
+        one round trip. By digest (EVALSHA): redis-py's pipelined scripts would first ask
+        ``SCRIPT EXISTS`` every time; a script Redis lacks (after a restart) is loaded and
+        the round trip repeated, which every script here allows (none wrote anything)."""
+        for _ in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            for script, keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if then is not None:
+                then(pipe)
+            replies = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, rexc.NoScriptError) for r in replies):
+                for r in replies:
+                    if isinstance(r, Exception):
+                        raise r
+                return replies
+            for script, _, _ in calls:
+                await self._redis.script_load(script.script)
+        raise rexc.NoScriptError("scripts vanished again right after loading them")
+
     # -- keys --------------------------------------------------------------------------
     def _keys(self, tenant: str, session: str) -> list[str]:
         t, s = _esc(check_id("tenant", tenant)), _esc(check_id("session", session))
@@ -149,6 +174,7 @@ class RedisStore(SessionStore):
                 assign.expected or "",
                 max(1, int(assign.ttl_s * 1000)),
             ]
+        index = self._index_key(tenant)
         async with self._guard():
             for _ in range(_MAX_NEED_ROUNDS):
                 args: list[Any] = [*assigning, self._ttl_ms, cap, chains, start, n - start]
@@ -160,21 +186,21 @@ class RedisStore(SessionStore):
                             blobs[ref] = codec.encode_blob(text)
                 for ref, data in blobs.items():
                     args += (ref, data)
-                # The session index (another hash tag) in the same round trip.
-                pipe = self._redis.pipeline(transaction=False)
-                await self._ingest(keys=keys, args=args, client=pipe)
-                pipe.zadd(self._index_key(tenant), {session: time.time() * 1000}, xx=True)
-                reply, _ = await pipe.execute()
+                # The session index (another hash tag) refreshed in the same round trip.
+                reply, _ = await self._scripts(
+                    [(self._ingest, keys, args)],
+                    lambda pipe: pipe.zadd(index, {session: time.time() * 1000}, xx=True),
+                )
                 kind = reply[0]
                 if kind == b"need":
                     start = int(reply[1])
                     continue
                 if kind == b"too_large":
                     raise too_large(tenant, session, int(reply[1]), int(reply[2]), cap)
-                self._digests.stored(tenant, session, n)
+                self._digests.stored(tenant, session, prep, n)
                 if int(reply[3]) == n:
                     # A new session: the index learns it (``xx`` above only refreshed).
-                    await self._redis.zadd(self._index_key(tenant), {session: time.time() * 1000})
+                    await self._redis.zadd(index, {session: time.time() * 1000})
                 assignment = reply[5].decode() if reply[5] else None
                 return IngestResult(
                     int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]), assignment
@@ -188,7 +214,7 @@ class RedisStore(SessionStore):
             target, stored, parent, asg, flat_counts, flat_turns = await self._lookup(
                 keys=keys, args=[b"".join(prep.chains)]
             )
-            self._digests.stored(tenant, session, int(stored))
+            self._digests.stored(tenant, session, prep, int(stored))
             turns: list[tuple[int, bytes]] = []
             for limit, envelope in zip(flat_turns[::2], flat_turns[1::2], strict=True):
                 after, body = codec.unpack(envelope)
@@ -359,11 +385,13 @@ class RedisStore(SessionStore):
         async with self._guard():
             # Two scripts (the session's keys and the tenant's live on different Cluster
             # shards), one round trip.
-            pipe = self._redis.pipeline(transaction=False)
             session_args = [self._ttl_ms, branch, token, record or b"", len(counts), *pairs, *sets]
-            await self._count_session(keys=keys, args=session_args, client=pipe)
-            await self._count_tenant(keys=tenant_keys, args=[token_ttl_ms, *pairs], client=pipe)
-            await pipe.execute()
+            await self._scripts(
+                [
+                    (self._count_session, keys, session_args),
+                    (self._count_tenant, tenant_keys, [token_ttl_ms, *pairs]),
+                ]
+            )
 
     async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
         keys = self._keys(tenant, session)
