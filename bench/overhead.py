@@ -57,6 +57,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT
 from gateway.pipeline import Pipeline
 from gateway.serve_ray import fast_path_env
+from gateway.steps.ingest import commit
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
@@ -391,18 +392,15 @@ async def stage_times(
             # As the app does: only what the session's previous request lacked is decoded.
             decoded = await pipeline.decode(OPENAI_CHAT, body, headers)
             t = lap("decode + raw token estimate", t)
-            stored = await store.ingest("default", session, decoded.stored)
-            t = lap("ingest (store)", t)
-            await store.load("default", session, stored.branch_id, messages=False)
-            t = lap("load gateway turns", t)
             prepared = await pipeline.prepare(decoded, body, headers)
-            t = time.perf_counter()
-            await store.get_assignment("default", session)
-            t = lap("sticky lookup", t)
+            t = lap("ingest: read (store lookup)", t)
             rendered, _ = pipeline.render(prepared)
             t = lap("render + token estimate", t)
-            orjson.dumps(pipeline.upstream_body(prepared, rendered))
+            orjson.dumps(pipeline.forward.body(prepared, rendered))
             t = lap("encode upstream body", t)
+            stored = await commit(store, prepared, None)
+            pipeline.render.keep(prepared)  # as after an upstream accepted the request
+            t = lap("ingest: write (store)", t)
             await store.add_counts(
                 "default", session, stored.branch_id, {"requests": 1}, token=uuid.uuid4().hex
             )

@@ -1,26 +1,38 @@
-"""Per-branch accounting: what each request of a session cost and what the gateway did to it.
+"""Account: what each request of a session cost and what the gateway did to it.
 
 Running totals are the store's counters (``add_counts``: atomic increments, exact under
-concurrency); ``log``, one record per request in arrival order, lives in the branch's render
-state (the store's versioned per-branch blob). A record keeps ``messages``, the length of
-the history the request carried, so what the model saw at that request can be rendered
-again from the stored history, which never changes (``gateway.session_view``).
+concurrency); ``log``, one record per request in arrival order, is the branch's request
+log, appended by the same call. A record keeps ``messages``, the length of the history
+the request carried, so what the model saw at that request can be rendered again from the
+stored history, which never changes (``gateway.session_view``).
 
-Written after the reply (the client does not wait); the log with a compare-and-set loop so
-that two gateway replicas accounting the same branch at once both land.
+Written after the reply (the client does not wait) in one store round trip, retried on a
+store outage under the request's own token, so a retry after a lost reply counts nothing
+twice while concurrent identical requests each count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from store import SessionStore, VersionConflict
+from gateway import metrics
+from gateway.quotas import Quotas
+from store import SessionStore, StoreUnavailable
 
-CAS_ATTEMPTS = 8
+if TYPE_CHECKING:
+    from gateway.steps.ingest import Prepared
+    from router.replica import Replica
+
+log = logging.getLogger("foldgate")
+
+ATTEMPTS = 3
 
 # Totals summed over the branch's requests.
 SUMMED = (
@@ -101,31 +113,76 @@ class Ledger:
     log: tuple[RequestRecord, ...]
 
 
-def parse(data: bytes | None) -> Ledger:
-    """The ledger in a render-state blob (an empty one for a branch never accounted)."""
-    raw = json.loads(data) if data else {}
-    totals = {name: int(raw.get(name, 0)) for name in SUMMED}
-    return Ledger(totals, tuple(RequestRecord.from_dict(r) for r in raw.get("log", ())))
-
-
-async def record(
-    store: SessionStore, tenant: str, session: str, branch: int, request: RequestRecord
+async def account(
+    store: SessionStore,
+    quotas: Quotas,
+    prepared: Prepared,
+    replica: Replica,
+    usage: Sequence[Mapping[str, Any]],
+    restores: int,
 ) -> None:
-    """Add one request to the branch's log (its totals are counted by the caller)."""
-    for _ in range(CAS_ATTEMPTS):
-        version, data = await store.get_state(tenant, session, branch)
-        state = json.loads(data) if data else {}
-        state["log"] = [*state.get("log", ()), asdict(request)]
+    """Count one request in its branch's and tenant's counters and log it."""
+    prompt = sum(u.get("prompt_tokens", 0) for u in usage)
+    cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0 for u in usage)
+    metrics.UPSTREAM_PROMPT_TOKENS.inc(prompt)
+    metrics.UPSTREAM_CACHED_TOKENS.inc(cached)
+    stats = prepared.stats
+    request = RequestRecord(
+        messages=len(prepared.transcript.messages),
+        strategy=prepared.strategy,
+        fold=prepared.fold,
+        pressure=prepared.pressure,
+        tools=tool_names(prepared.transcript.tools),
+        replica=replica.url,
+        raw_tokens=prepared.raw_tokens,
+        rendered_tokens=prepared.rendered_tokens,
+        upstream_prompt_tokens=prompt,
+        upstream_cached_tokens=cached,
+        rendered_tokens_added=stats.overhead_tokens,
+        rendered_tokens_removed_by_stubs=stats.stub_saved_tokens,
+        rendered_tokens_removed_by_folds=stats.fold_saved_tokens,
+        stubs=stats.stubs,
+        folds=stats.folded_steps,
+        rewrites=stats.rewrites,
+        compactions=stats.compactions,
+        restores=restores,
+        overflow_retries=prepared.overflow_retries,
+        at=time.time(),
+    )
+    counts = {name: getattr(request, name) for name in SUMMED if name != "requests"}
+    counts["requests"] = 1
+    # The request's own token: a write retried after a lost reply adds nothing, while
+    # concurrent identical requests each add theirs.
+    token = uuid.uuid4().hex
+    # What the replica holds of this session now, its last prompt: the cached-prefix
+    # estimate routing prices the session's next move with.
+    latest = {"last_prompt_tokens": int(usage[-1].get("prompt_tokens", 0))} if usage else None
+    assert prepared.branch is not None, "a request is accounted after its history is stored"
+    for attempt in range(ATTEMPTS):
         try:
-            await store.put_state(tenant, session, branch, version, json.dumps(state).encode())
+            await store.add_counts(
+                prepared.tenant,
+                prepared.session,
+                prepared.branch,
+                counts,
+                token=token,
+                latest=latest,
+                record=json.dumps(asdict(request)).encode(),
+            )
+            await quotas.record_upstream(prepared.tenant, prompt)
             return
-        except VersionConflict:
-            await asyncio.sleep(0)
+        except StoreUnavailable as exc:
+            if attempt + 1 == ATTEMPTS:
+                log.warning("accounting of session %r lost: %s", prepared.session, exc)
+                return
+            await asyncio.sleep(0.5 * 2**attempt)
 
 
 async def read(store: SessionStore, tenant: str, session: str, branch: int) -> Ledger:
     """The branch's ledger; ``store.NotFound`` when the session or branch does not exist."""
-    _, data = await store.get_state(tenant, session, branch)
     counts = await store.get_counts(tenant, session, branch)
-    ledger = parse(data)
-    return Ledger({name: int(counts.get(name, 0)) for name in SUMMED}, ledger.log)
+    records = await store.get_log(tenant, session, branch)
+    return Ledger(
+        {name: int(counts.get(name, 0)) for name in SUMMED},
+        tuple(RequestRecord.from_dict(json.loads(r)) for r in records),
+    )

@@ -25,6 +25,7 @@ from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
+from gateway.disconnect import ClientGone, unless_disconnected
 from gateway.exposure import ReplicaLabels, header_value
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
@@ -121,7 +122,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
             prepared = await pipeline.prepare(decoded, body, request.headers)
             prepared.received = received
             strategy = prepared.strategy
-            replica, rendered_tokens, chunks = await pipeline.run(prepared)
+            replica, rendered_tokens, chunks = await unless_disconnected(
+                request, pipeline.run(prepared)
+            )
             headers = {
                 "x-foldgate-session": header_value(prepared.session),
                 "x-foldgate-replica": replicas.label(replica.url),
@@ -138,7 +141,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 return StreamingResponse(
                     stream, media_type="text/event-stream", headers=headers, background=release
                 )
-            return JSONResponse(await dialect.response(chunks, exchange), headers=headers)
+            reply = await unless_disconnected(request, dialect.response(chunks, exchange))
+            return JSONResponse(reply, headers=headers)
+        except ClientGone:
+            return Response(status_code=499)  # no one reads it: the client left
         except DialectError as exc:
             return error(exc)
         except UnknownApiKey as exc:

@@ -71,6 +71,12 @@ class GatewayConfig:
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
+    decode_cache_bytes: int = 128 * 1024 * 1024
+    """Session text the per-session decode cache keeps, in bytes as the gateway estimates
+    them (4 per estimated token); the least recently used sessions are dropped past it."""
+    render_cache_bytes: int = 128 * 1024 * 1024
+    """Rendered text the per-session renderer caches keep, counted as ``decode_cache_bytes``.
+    A renderer keeps more than its text (ReFold's dedup index: ~5x, ``bench/memory.py``)."""
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
     debug: bool = False
@@ -104,7 +110,9 @@ def _from_env(name: str, raw: str) -> Any:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name == "tenants":
         return json.loads(raw)
-    if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts", "max_concurrency"}:
+    if name in {"k", "budget", "max_restores", "max_attempts", "max_concurrency"}:
+        return int(raw)
+    if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds
         return int(raw)
     if name in {"ui", "debug"}:
         return raw.strip().lower() in {"1", "true", "yes", "on"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.fold import STRATEGIES
 
@@ -62,4 +62,14 @@ UPSTREAM_ERRORS = Counter(
 OVERFLOW_RETRIES = Counter(
     "foldgate_overflow_retries_total",
     "Retries with a compacted context after the upstream refused one as too long",
+)
+CACHE_EVICTIONS = Counter(
+    "foldgate_session_cache_evictions_total",
+    "Sessions dropped from a per-session cache to keep it within its byte bound",
+    ["cache"],
+)
+CACHE_BYTES = Gauge(
+    "foldgate_session_cache_bytes",
+    "Bytes of session text a per-session cache holds (the gateway's estimate)",
+    ["cache"],
 )

@@ -1,20 +1,22 @@
 """One request through the gateway: ingest -> render -> route -> forward -> restore loop -> account.
 
-The pipeline is dialect-neutral: a ``Dialect`` (``gateway.dialects``) decodes the client's
-body into a transcript and writes the upstream's OpenAI chunks back in the client's
-dialect. Every reply is read upstream as a stream of OpenAI chunks.
+Each step is its own module (``gateway.steps``); this one runs them in order. A
+``Dialect`` (``gateway.dialects``) decodes the client's body into a transcript and writes
+the upstream's OpenAI chunks back in the client's dialect; every reply is read upstream as
+a stream of OpenAI chunks.
+
+Store round trips of a request: one read (``ingest``), one write once an upstream accepted
+the request (``commit``: the history and the route's assignment), one counter increment
+after the reply (``account``). Restores answered in the loop add one write each, and a
+tenant's quota limits their own charges.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -24,88 +26,24 @@ from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError
-from gateway.dialects.openai_chat import decode_reply, encode_request
 from gateway.fold import make_renderer
-from gateway.fold.cliff import Cliff
-from gateway.fold.renderer import Renderer, RenderState, RenderStats, estimate_tokens
-from gateway.fold.restore import parse_restore_spec, restore_outputs
+from gateway.fold.renderer import Renderer
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.quotas import Quotas
-from gateway.replies import Decision, ReplyFilter
-from gateway.request_cache import DecodeCache, Decoded, MessageMemo, continued, session_ids
+from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
+from gateway.steps import route
+from gateway.steps.forward import Forward, context_too_long
+from gateway.steps.ingest import Prepared, commit, ingest
+from gateway.steps.render import Render, fold_options
+from gateway.steps.restore import Outcome, replies
 from gateway.tenants import Tenants, salt_secret
-from gateway.transcript import Message, Text, Transcript
+from gateway.transcript import Message
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
-from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
+from router import ReplicaPool, RoutingPolicy
 from router.replica import Replica
-from store import NotFound, StoreUnavailable
+from store import NotFound
 
-log = logging.getLogger("foldgate")
-
-RENDER_CACHE_SESSIONS = 4096
-ACCOUNT_ATTEMPTS = 3
-UNBOUNDED_TOKENS = 1 << 40
-_CONTEXT_TOO_LONG = re.compile(
-    r"maximum context length|maximum model length|context length|prompt is too long", re.I
-)
-
-
-def _context_too_long(exc: UpstreamError) -> bool:
-    return exc.status == 400 and bool(_CONTEXT_TOO_LONG.search(str(exc)))
-
-
-def with_gateway_turns(
-    messages: Sequence[Message], turns: Mapping[int, Sequence[Mapping[str, Any]]]
-) -> tuple[list[Message], list[int]]:
-    """The harness's messages with the gateway's own turns (restore exchanges, stored by the
-    index of the message they follow) put back in place, and the history indices of the
-    gateway-made messages that carry restored content."""
-    history: list[Message] = []
-    restored: list[int] = []
-    for position in range(len(messages) + 1):
-        if position < len(messages):
-            history.append(messages[position])
-        for raw in turns.get(position, ()):
-            message = Message.from_dict(raw)
-            if message.role != "assistant":
-                restored.append(len(history))
-            history.append(message)
-    return history, restored
-
-
-def _fold_options(strategy: str, fold: str) -> dict[str, str]:
-    """``make_renderer`` options for ReFold's fold mode (only a strategy with refold takes it)."""
-    return {"fold": fold} if "refold" in strategy.split("+") else {}
-
-
-@dataclass
-class Prepared:
-    """A decoded, ingested request, ready to render and forward."""
-
-    tenant: str
-    session: str
-    branch: int
-    strategy: str
-    fold: str  # ReFold's fold mode for this request ("auto", "on", "off")
-    transcript: Transcript
-    history: list[Message]
-    state: RenderState
-    text_actions: bool
-    stream: bool
-    raw_tokens: int
-    # What is derived from each message (store dicts, token estimates, upstream encoding),
-    # reused across the session's requests when they reuse the message objects.
-    memo: MessageMemo = field(default_factory=MessageMemo)
-    # For the session's accounting: the last rendering's stats (what the strategy added and
-    # removed) and the KV pressure it was priced at, the first rendering's token estimate
-    # (the response header's figure), and the overflow ladder's retries.
-    stats: RenderStats = field(default_factory=RenderStats)
-    pressure: float = 0.0
-    rendered_tokens: int = 0
-    overflow_retries: int = 0
-    # perf_counter() when the gateway began the request (before reading its body), for the
-    # latency it adds before the upstream is asked.
-    received: float | None = None
+__all__ = ["Pipeline", "Prepared"]
 
 
 class Pipeline:
@@ -122,13 +60,8 @@ class Pipeline:
         self.pool = pool
         self.policy = policy
         self.upstream = upstream
-        self._renderers: dict[str, Renderer] = {}
-        self._caches: OrderedDict[tuple[str, str, int, str], Any] = OrderedDict()
-        self._reprefill: dict[tuple[str, str, int, str], int] = {}
-        self.upstream_model = config.upstream_model
-        self._model_discovered = False
         self._accounting: set[asyncio.Task[None]] = set()
-        self._decoded = DecodeCache()
+        self._decoded = DecodeCache(config.decode_cache_bytes)
         self.tenants = Tenants(
             config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
         )
@@ -138,10 +71,12 @@ class Pipeline:
             pool.healthy,
             upstream.get_json,
             lambda spec, limit, fold: make_renderer(
-                spec, k=config.k, budget=limit, **_fold_options(spec, fold)
+                spec, k=config.k, budget=limit, **fold_options(spec, fold)
             ),
             enabled=config.budget is None,
         )
+        self.render = Render(config, self.guard, self.pressure)
+        self.forward = Forward(config, pool, policy, upstream, self.tenants, self.guard)
 
     async def drain(self) -> None:
         """Wait for accounting still in flight (before the store closes)."""
@@ -149,24 +84,8 @@ class Pipeline:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
     def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
-        """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
-        config's and only matters when the strategy contains refold."""
-        fold = fold or self.config.fold
-        key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
-        if key not in self._renderers:
-            try:
-                self._renderers[key] = make_renderer(
-                    strategy,
-                    k=self.config.k,
-                    budget=self.config.budget,
-                    **_fold_options(strategy, fold),
-                )
-            except ValueError as exc:
-                header = self.config.strategy_header
-                if "fold mode" in str(exc):
-                    header = self.config.fold_header
-                raise DialectError(str(exc), param=header) from exc
-        return self._renderers[key]
+        """The renderer for ``strategy`` (and ReFold's ``fold`` mode)."""
+        return self.render.renderer(strategy, fold)
 
     def pressure(self) -> float:
         """KV pressure for pricing ReFold's rewrites: the mean ``kv_cache_usage_perc`` of the
@@ -178,6 +97,11 @@ class Pipeline:
         ]
         return sum(usages) / len(usages) if usages else 0.0
 
+    async def models(self) -> list[dict[str, Any]]:
+        """What the replicas serve (the first healthy replica that answers)."""
+        return await self.forward.models()
+
+    # -- decode and ingest -------------------------------------------------------------
     async def decode(self, dialect: Dialect, body: Any, headers: Mapping[str, str]) -> Decoded:
         """A client's request body decoded (volatile markers dropped), for ``prepare``; only
         what the session's previous request did not hold is decoded. A request that
@@ -192,6 +116,105 @@ class Pipeline:
         )
         return self._decoded.decode(dialect, body, ids)
 
+    async def prepare(
+        self, request: Decoded, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> Prepared:
+        """A decoded request (``decode``, or ``Decoded.full`` of a whole decode) with what the
+        store holds for it; nothing is stored yet (``run`` commits it)."""
+        transcript = request.transcript
+        tenant = resolve_tenant(headers, self.config)
+        session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
+        settings = self.tenants.settings(tenant)
+        strategy = (
+            headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy
+        )
+        fold = (
+            headers.get(self.config.fold_header)
+            or self.config.tenant_fold.get(tenant)
+            or self.config.fold
+        )
+        self.render.renderer(strategy, fold)  # an unknown strategy is a 400 before any I/O
+        await self.quotas.admit_prompt(tenant, session, request.tokens)
+        return await ingest(
+            self.store,
+            tenant,
+            session,
+            request,
+            strategy=strategy,
+            fold=fold,
+            stream=bool(body.get("stream")),
+            max_bytes=settings.session_bytes,
+        )
+
+    # -- render, route, forward --------------------------------------------------------
+    async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
+        """Render, route and open the upstream; once it accepted (first chunk in hand),
+        store the history. Return the replica, the rendered prompt's token estimate and the
+        chunks for the client.
+
+        Routing, upstream and store errors before the first chunk raise from here, so the
+        caller can still answer with a proper error status; nothing is stored then.
+        """
+        await self.forward.discover_model()
+        rendered, tokens = self.render(prepared)
+        body = self.forward.body(prepared, rendered)
+        hints = route.hints(self.policy, prepared, tokens)
+        if prepared.received is not None:
+            metrics.ADDED_SECONDS.observe(time.perf_counter() - prepared.received)
+        try:
+            replica, stream = await self.forward.open(prepared, body, hints)
+        except UpstreamError as exc:
+            if not context_too_long(exc):
+                raise
+            replica, stream, tokens = await self.forward.open_compacted(
+                prepared, rendered, exc, hints
+            )
+        try:
+            stored = await commit(
+                self.store, prepared, route.assignment(self.policy, prepared, replica)
+            )
+        except BaseException:
+            stream.close()  # the client gets the store's error; the upstream stops
+            raise
+        if stored.assignment is not None:
+            prepared.found = replace(prepared.found, assignment=stored.assignment)
+        self.render.keep(prepared)
+        prepared.rendered_tokens = tokens
+        metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
+        metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
+        return replica, tokens, self._chunks(prepared, replica, stream)
+
+    async def _ask_again(self, prepared: Prepared) -> tuple[Replica, ChatStream]:
+        """After a restore: render with the restored content and ask the model again."""
+        rendered, tokens = self.render(prepared)
+        body = self.forward.body(prepared, rendered)
+        return await self.forward.open(prepared, body, route.hints(self.policy, prepared, tokens))
+
+    # -- restore loop, account ---------------------------------------------------------
+    async def _chunks(
+        self, prepared: Prepared, replica: Replica, stream: ChatStream
+    ) -> AsyncIterator[dict[str, Any]]:
+        outcome = Outcome(replica)
+        async for chunk in replies(
+            prepared,
+            outcome,
+            stream,
+            store=self.store,
+            guard=self.guard,
+            ask_again=self._ask_again,
+            max_restores=self.config.max_restores,
+        ):
+            yield chunk
+        # Accounting is bookkeeping, not history: the client need not wait for it.
+        task = asyncio.create_task(
+            accounting.account(
+                self.store, self.quotas, prepared, outcome.replica, outcome.usage, outcome.restores
+            )
+        )
+        self._accounting.add(task)
+        task.add_done_callback(self._accounting.discard)
+
+    # -- kept replies (the Responses API's previous_response_id) -----------------------
     async def remember_reply(
         self, prepared: Prepared, reply_id: str, reply: Sequence[Message]
     ) -> None:
@@ -227,340 +250,3 @@ class Pipeline:
         kept = [Message.from_dict(m) for m in history.messages[: record["length"]]]
         kept += [Message.from_dict(m) for m in record["reply"]]
         return record["session"], kept
-
-    async def prepare(
-        self, request: Decoded, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> Prepared:
-        """Ingest a decoded request (``decode``, or ``Decoded.full`` of a whole decode)."""
-        transcript = request.transcript
-        tenant = resolve_tenant(headers, self.config)
-        session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
-        settings = self.tenants.settings(tenant)
-        strategy = (
-            headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy
-        )
-        fold = (
-            headers.get(self.config.fold_header)
-            or self.config.tenant_fold.get(tenant)
-            or self.config.fold
-        )
-        self.renderer(strategy, fold)
-        await self.quotas.admit_prompt(tenant, session, request.tokens)
-        stored = await self.store.ingest(
-            tenant, session, request.stored, max_bytes=settings.session_bytes
-        )
-        history, restored = await self._history(tenant, session, stored.branch_id, transcript)
-        return Prepared(
-            tenant=tenant,
-            session=session,
-            branch=stored.branch_id,
-            strategy=strategy,
-            fold=fold,
-            transcript=transcript,
-            history=history,
-            state=RenderState(restored=frozenset(restored)),
-            text_actions=not transcript.tools,
-            stream=bool(body.get("stream")),
-            raw_tokens=request.tokens,
-            memo=request.memo,
-        )
-
-    async def _history(
-        self, tenant: str, session: str, branch: int, transcript: Transcript
-    ) -> tuple[list[Message], list[int]]:
-        """The harness's messages with the gateway's own turns (restores) put back in place."""
-        turns = (await self.store.load(tenant, session, branch, messages=False)).gateway_turns
-        return with_gateway_turns(transcript.messages, turns)
-
-    def render(self, prepared: Prepared) -> tuple[Transcript, int]:
-        session = (prepared.tenant, prepared.session)
-        renderer = self.guard.renderer(
-            session, prepared.strategy, prepared.transcript, prepared.fold
-        ) or self.renderer(prepared.strategy, prepared.fold)
-        key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
-        started = time.perf_counter()
-        prepared.pressure = self.pressure()
-        rendered = renderer.render(
-            prepared.transcript.with_messages(prepared.history),
-            replace(prepared.state, pressure=prepared.pressure),
-            self._caches.get(key),
-        )
-        metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
-        self._caches[key] = rendered.cache
-        self._caches.move_to_end(key)
-        while len(self._caches) > RENDER_CACHE_SESSIONS:
-            evicted, _ = self._caches.popitem(last=False)
-            self._reprefill.pop(evicted, None)
-        stats = rendered.stats
-        metrics.STUBS.inc(stats.stubs)
-        metrics.FOLDS.inc(stats.folded_steps)
-        metrics.RENDER_TOKENS.labels(kind="added").inc(stats.overhead_tokens)
-        metrics.RENDER_TOKENS.labels(kind="removed_by_stubs").inc(stats.stub_saved_tokens)
-        metrics.RENDER_TOKENS.labels(kind="removed_by_folds").inc(stats.fold_saved_tokens)
-        # Rewrites are counted once, when the session's renderer takes them.
-        reprefill = stats.reprefill_tokens - self._reprefill.get(key, 0)
-        if reprefill > 0:
-            metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
-        self._reprefill[key] = stats.reprefill_tokens
-        prepared.stats = stats
-        tokens = prepared.memo.tokens(rendered.transcript.messages)
-        self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
-        return rendered.transcript, tokens
-
-    def upstream_body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
-        """The rendered context as a streaming chat request for a vLLM replica."""
-        # ReFold adds its restore tool to the rendered transcript itself, once it pays.
-        body = encode_request(rendered, prepared.memo.encode)
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-        if self.upstream_model:
-            body["model"] = self.upstream_model
-        self.tenants.scope_upstream_body(prepared.tenant, body)
-        return body
-
-    async def models(self) -> list[dict[str, Any]]:
-        """What the replicas serve (the first healthy replica that answers)."""
-        for replica in self.pool.healthy():
-            try:
-                return list((await self.upstream.get_json(f"{replica.url}/v1/models"))["data"])
-            except (UpstreamError, OSError, ValueError, KeyError):
-                continue
-        return []
-
-    async def _discover_model(self) -> None:
-        """With no configured upstream model, use the replicas' one model when they serve one."""
-        if self.upstream_model is None and not self._model_discovered:
-            served = await self.models()
-            self._model_discovered = bool(served)
-            if len(served) == 1:
-                self.upstream_model = served[0]["id"]
-
-    async def open(
-        self, prepared: Prepared, body: dict[str, Any], hints: RouteHints | None = None
-    ) -> tuple[Replica, ChatStream]:
-        """Route and open the upstream stream, failing over before the first chunk.
-        ``hints`` (the rendered prompt's size) let a cost-aware policy price a move."""
-
-        async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
-            try:
-                return replica, await self.upstream.open_chat_stream(replica.url, body)
-            except UpstreamError as exc:
-                metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
-                raise
-
-        return await with_failover(
-            self.policy,
-            self.pool,
-            prepared.tenant,
-            prepared.session,
-            attempt,
-            max_attempts=self.config.max_attempts,
-            hints=hints,
-        )
-
-    async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
-        """Open the first upstream attempt; return the replica, the rendered prompt's token
-        estimate and the chunks for the client.
-
-        Routing and upstream errors before the first chunk raise from here, so the caller
-        can still answer with a proper error status.
-        """
-        await self._discover_model()
-        await self.guard.learn(self.upstream_model)
-        rendered, tokens = self.render(prepared)
-        body = self.upstream_body(prepared, rendered)
-        hints = RouteHints(
-            prompt_tokens=tokens, cached_prefix_tokens=await self._cached_prefix(prepared)
-        )
-        if prepared.received is not None:
-            metrics.ADDED_SECONDS.observe(time.perf_counter() - prepared.received)
-        try:
-            replica, stream = await self.open(prepared, body, hints)
-        except UpstreamError as exc:
-            if not _context_too_long(exc):
-                raise
-            replica, stream, tokens = await self._open_compacted(prepared, rendered, exc)
-        prepared.rendered_tokens = tokens
-        metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
-        metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
-        return replica, tokens, self._chunks(prepared, replica, stream)
-
-    async def _open_compacted(
-        self, prepared: Prepared, rendered: Transcript, refusal: UpstreamError
-    ) -> tuple[Replica, ChatStream, int]:
-        """The upstream refused the context as too long: walk CliffCompaction's ladder over
-        the rendering, retrying with each smaller rung until one is accepted."""
-        # The threshold only decides unforced compactions; the ladder ignores it.
-        ladder = Cliff(threshold=UNBOUNDED_TOKENS).compact_for_overflow(rendered)
-        for rung in ladder:
-            metrics.OVERFLOW_RETRIES.inc()
-            prepared.overflow_retries += 1
-            try:
-                replica, stream = await self.open(
-                    prepared, self.upstream_body(prepared, rung.transcript)
-                )
-            except UpstreamError as exc:
-                if not _context_too_long(exc):
-                    raise
-                refusal = exc
-                continue
-            prepared.stats = rung.stats
-            tokens = sum(estimate_tokens(m) for m in rung.transcript.messages)
-            self.guard.rendered((prepared.tenant, prepared.session), tokens, compacted=False)
-            return replica, stream, tokens
-        raise refusal
-
-    async def _chunks(
-        self, prepared: Prepared, replica: Replica, stream: ChatStream
-    ) -> AsyncIterator[dict[str, Any]]:
-        restores = 0
-        usage: list[dict[str, Any]] = []
-        first = True
-        while True:
-            reply_filter = ReplyFilter(text_actions=prepared.text_actions, first_attempt=first)
-            with replica.track():
-                async for chunk in stream:
-                    for out in reply_filter.feed(chunk):
-                        yield out
-            released, decision = reply_filter.finish()
-            for out in released:
-                yield out
-            if decision.usage:
-                usage.append(dict(decision.usage))
-                self.guard.observe((prepared.tenant, prepared.session), decision.usage)
-            if not decision.restores:
-                break
-            if restores >= self.config.max_restores:
-                break
-            restores += 1
-            await self._answer_restore(prepared, decision)
-            if decision.other_calls:
-                # The other calls went to the harness; the restored content, recorded,
-                # joins the context of its next request.
-                break
-            rendered, _ = self.render(prepared)
-            replica, stream = await self.open(prepared, self.upstream_body(prepared, rendered))
-            first = False
-        for out in decision.tail:
-            yield out
-        # Accounting is bookkeeping, not history: the client need not wait for it.
-        task = asyncio.create_task(self._account(prepared, replica, usage, restores))
-        self._accounting.add(task)
-        task.add_done_callback(self._accounting.discard)
-
-    async def _answer_restore(self, prepared: Prepared, decision: Decision) -> None:
-        """Answer a restore request from the history and record the exchange.
-
-        The exchange is recorded after the request's last message, so the model's next
-        attempt (and every later render) sees it before the model's reply.
-        """
-        asked = decode_reply(decision.asked)
-        if prepared.text_actions:
-            answers = [Message("user", (Text(self._restored_text(prepared, decision.restores)),))]
-        else:
-            answers = [
-                Message(
-                    "tool",
-                    (Text(self._restored_text(prepared, [spec])),),
-                    tool_call_id=call["id"],
-                )
-                for call, spec in zip(decision.restore_calls, decision.restores, strict=True)
-            ]
-        metrics.RESTORES.labels(mode="text" if prepared.text_actions else "tool").inc()
-        await self.store.append_gateway_turns(
-            prepared.tenant,
-            prepared.session,
-            prepared.branch,
-            len(prepared.transcript.messages) - 1,
-            [m.to_dict() for m in (asked, *answers)],
-        )
-        prepared.history, restored = await self._history(
-            prepared.tenant, prepared.session, prepared.branch, prepared.transcript
-        )
-        prepared.state = RenderState(restored=frozenset(restored))
-
-    def _restored_text(self, prepared: Prepared, specs: list[str]) -> str:
-        history = prepared.transcript.with_messages(prepared.history)
-        parts = []
-        for spec in specs:
-            try:
-                first, last = parse_restore_spec(spec)
-                for step, text in restore_outputs(history, prepared.state, first, last):
-                    parts.append(f"[restored step {step}]\n{text}")
-            except ValueError as exc:
-                parts.append(f"restore {spec} failed: {exc}")
-        return "\n\n".join(parts)
-
-    async def _cached_prefix(self, prepared: Prepared) -> int | None:
-        """The session's last prompt from its accounting, for a policy that prices moves
-        with it (one store read); None otherwise or before the session's first reply."""
-        if not self.policy.uses_cached_prefix:
-            return None
-        try:
-            counts = await self.store.get_counts(prepared.tenant, prepared.session, prepared.branch)
-        except NotFound:
-            return None
-        return counts.get("last_prompt_tokens")
-
-    async def _account(
-        self, prepared: Prepared, replica: Replica, usage: list[dict[str, Any]], restores: int
-    ) -> None:
-        prompt = sum(u.get("prompt_tokens", 0) for u in usage)
-        cached = sum(
-            (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0 for u in usage
-        )
-        metrics.UPSTREAM_PROMPT_TOKENS.inc(prompt)
-        metrics.UPSTREAM_CACHED_TOKENS.inc(cached)
-        stats = prepared.stats
-        request = accounting.RequestRecord(
-            messages=len(prepared.transcript.messages),
-            strategy=prepared.strategy,
-            fold=prepared.fold,
-            pressure=prepared.pressure,
-            tools=accounting.tool_names(prepared.transcript.tools),
-            replica=replica.url,
-            raw_tokens=prepared.raw_tokens,
-            rendered_tokens=prepared.rendered_tokens,
-            upstream_prompt_tokens=prompt,
-            upstream_cached_tokens=cached,
-            rendered_tokens_added=stats.overhead_tokens,
-            rendered_tokens_removed_by_stubs=stats.stub_saved_tokens,
-            rendered_tokens_removed_by_folds=stats.fold_saved_tokens,
-            stubs=stats.stubs,
-            folds=stats.folded_steps,
-            rewrites=stats.rewrites,
-            compactions=stats.compactions,
-            restores=restores,
-            overflow_retries=prepared.overflow_retries,
-            at=time.time(),
-        )
-        # Totals by atomic increments (exact under concurrency); the per-request record
-        # beside them is for the session view.
-        counts = {name: getattr(request, name) for name in accounting.SUMMED if name != "requests"}
-        counts["requests"] = 1
-        # The request's own token: a write retried after a lost reply adds nothing, while
-        # concurrent identical requests each add theirs.
-        token = uuid.uuid4().hex
-        # What the replica holds of this session now, its last prompt: the cached-prefix
-        # estimate routing prices the session's next move with.
-        latest = {"last_prompt_tokens": int(usage[-1].get("prompt_tokens", 0))} if usage else None
-        for attempt in range(ACCOUNT_ATTEMPTS):
-            try:
-                await self.store.add_counts(
-                    prepared.tenant,
-                    prepared.session,
-                    prepared.branch,
-                    counts,
-                    token=token,
-                    latest=latest,
-                )
-                await self.quotas.record_upstream(prepared.tenant, prompt)
-                break
-            except StoreUnavailable as exc:
-                if attempt + 1 == ACCOUNT_ATTEMPTS:
-                    log.warning("accounting of session %r lost: %s", prepared.session, exc)
-                    return
-                await asyncio.sleep(0.5 * 2**attempt)
-        await accounting.record(
-            self.store, prepared.tenant, prepared.session, prepared.branch, request
-        )

@@ -16,20 +16,23 @@ the token estimates and upstream encoding of the rendered messages by object ide
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
+from gateway.byte_lru import ByteLRU
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai_chat import encode_message
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
 from gateway.transcript import Message, Transcript
 
-DECODE_CACHE_SESSIONS = 256
+DECODE_CACHE_BYTES = 128 * 1024 * 1024
+# Bytes of text per estimated token (``estimate_tokens`` counts 4 bytes as one): what an
+# entry's text takes, for the caches' byte bounds.
+BYTES_PER_TOKEN = 4
 # The first raw messages (system prompt, task) name a conversation when no id is sent.
 _KEY_MESSAGES = 2
 
@@ -124,11 +127,10 @@ class _Previous:
 
 
 class DecodeCache:
-    """Incremental request decoding, per session (bounded LRU)."""
+    """Incremental request decoding, per session (an LRU bounded by the text it holds)."""
 
-    def __init__(self, max_sessions: int = DECODE_CACHE_SESSIONS) -> None:
-        self._max = max_sessions
-        self._sessions: OrderedDict[Hashable, _Previous] = OrderedDict()
+    def __init__(self, max_bytes: int = DECODE_CACHE_BYTES) -> None:
+        self._sessions: ByteLRU[_Previous] = ByteLRU("decode", max_bytes)
 
     def decode(self, dialect: Dialect, body: Any, ids: Sequence[Any] = ()) -> Decoded:
         """``body`` decoded as ``dialect.decode`` with ``without_volatile`` on each message
@@ -172,10 +174,11 @@ class DecodeCache:
                 running.append(total)
             ends.append(len(messages))
         memo.next_request()
-        self._sessions[key] = _Previous(head, raw, ends, messages, stored, running, issued, memo)
-        self._sessions.move_to_end(key)
-        while len(self._sessions) > self._max:
-            self._sessions.popitem(last=False)
+        self._sessions.put(
+            key,
+            _Previous(head, raw, ends, messages, stored, running, issued, memo),
+            (head.tokens + total) * BYTES_PER_TOKEN,
+        )
         transcript = envelope.with_messages((*head.transcript.messages, *messages))
         return Decoded(transcript, head.stored + stored, head.tokens + total, memo)
 

@@ -28,7 +28,7 @@ from gateway.accounting import Ledger, RequestRecord
 from gateway.fold.compose import Composed, merge_stats
 from gateway.fold.refold import ReFold
 from gateway.fold.renderer import Rendered, Renderer, RenderState, estimate_tokens, step_indices
-from gateway.pipeline import with_gateway_turns
+from gateway.steps.ingest import with_gateway_turns
 from gateway.transcript import Message, Opaque, Transcript
 from store import NotFound, SessionStore
 

@@ -111,8 +111,10 @@ class UpstreamClient:
         stream = ChatStream(resp, self.idle_timeout_s)
         try:
             await stream.prefetch()
-        except BaseException:  # an error, or the first-chunk timeout cancelling the read
-            resp.release()
+        except BaseException:
+            # An error, the first-chunk timeout, or the client gone (the request cancelled):
+            # closing the connection is what tells the replica to stop.
+            resp.close()
             raise
         return stream
 
@@ -171,14 +173,22 @@ class ChatStream:
             ) from exc
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        finished = False
         try:
             if self._first is not None:
                 first, self._first = self._first, None
                 yield first
             async for chunk in self._events:
                 yield chunk
+            finished = True
         finally:
-            self._resp.release()
+            # A reply left unread (the client went away, an error) closes the connection,
+            # which aborts the generation on the replica; a finished one is pooled again.
+            if finished:
+                self._resp.release()
+            else:
+                self._resp.close()
 
     def close(self) -> None:
+        """Abort the reply: the connection is closed, and the replica stops generating."""
         self._resp.close()

@@ -31,6 +31,7 @@ class ScriptedReply:
     error_message: str = "fake upstream error"
     chunk_chars: int = 8
     chunk_delay_s: float = 0.0  # pause before each chunk after the first (a decoding model)
+    first_chunk_delay_s: float = 0.0  # pause before the response starts (queueing, prefill)
 
 
 class FakeUpstream:
@@ -52,6 +53,8 @@ class FakeUpstream:
         self.max_model_len = max_model_len
         self.requests: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
+        # Requests whose connection the gateway closed before the reply ended (cancelled).
+        self.aborted: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -114,14 +117,28 @@ class FakeUpstream:
                 status=reply.status,
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        for i, chunk in enumerate(self.chunks(reply, prompt_tokens=prompt_tokens)):
-            if i and reply.chunk_delay_s:
-                await asyncio.sleep(reply.chunk_delay_s)
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            if reply.first_chunk_delay_s:
+                await self._pause(request, reply.first_chunk_delay_s)
+            await resp.prepare(request)
+            for i, chunk in enumerate(self.chunks(reply, prompt_tokens=prompt_tokens)):
+                if i and reply.chunk_delay_s:
+                    await self._pause(request, reply.chunk_delay_s)
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            self.aborted.append(body)
         return resp
+
+    @staticmethod
+    async def _pause(request: web.Request, seconds: float) -> None:
+        """Sleep, but notice a closed connection as a real engine does (it aborts then)."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < deadline:
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("the client closed the connection")
+            await asyncio.sleep(0.01)
 
     @staticmethod
     def prompt_tokens(body: dict[str, Any]) -> int:

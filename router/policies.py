@@ -69,6 +69,10 @@ class RouteHints:
     previous request's prompt); None when unknown. ``prefix_key``: names a prefix other
     sessions share (a digest of tenant, tools and system prompt: the same agent), of
     ``prefix_tokens`` tokens. ``parent_session``: the session this one was forked from.
+    ``assignment_read``: the caller read the session's assignment (``assignment``) with its
+    own store read and writes the chosen replica back with its own store write, so a sticky
+    policy neither reads nor writes it (the gateway shares those round trips with the
+    session's history).
     """
 
     prompt_tokens: int = 0
@@ -76,6 +80,8 @@ class RouteHints:
     prefix_key: str | None = None
     prefix_tokens: int = 0
     parent_session: str | None = None
+    assignment: str | None = None
+    assignment_read: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,7 +494,10 @@ class AssignedSessionPolicy(RoutingPolicy):
         found = candidates(pool, exclude)
         usable = {r.url: r for r in found}
         views = [snapshot(r, self.bound.count[r.url]) for r in found]
-        current = await self._store.get_assignment(tenant, session)
+        if hints.assignment_read:
+            current = hints.assignment
+        else:
+            current = await self._store.get_assignment(tenant, session)
         for _ in range(self._MAX_ROUNDS):
             displaced = _displaced(pool, current, usable, exclude)
             ctx = await self.context(tenant, session, hints, current if displaced is None else None)
@@ -500,6 +509,9 @@ class AssignedSessionPolicy(RoutingPolicy):
                 reason = displaced
             else:
                 reason = "sticky" if target.url == current else self._moved_reason
+            if hints.assignment_read:  # the caller writes it
+                self._bound_to(ctx, target.url)
+                return Decision(target, reason, moved_from=None if reason == "sticky" else current)
             # "sticky" keeps the replica: the write then only refreshes the TTL, unless
             # another gateway moved the session meanwhile.
             winner = await self._store.set_assignment(

@@ -1,8 +1,10 @@
 """Session store: append-only histories, forks, render state and the router's assignments."""
 
 from store.base import (
+    Assign,
     Charge,
     IngestResult,
+    Lookup,
     NotFound,
     Refusal,
     SessionStore,
@@ -15,8 +17,10 @@ from store.base import (
 from store.factory import default_sqlite_path, open_store
 
 __all__ = [
+    "Assign",
     "Charge",
     "IngestResult",
+    "Lookup",
     "NotFound",
     "Refusal",
     "SessionStore",

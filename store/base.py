@@ -13,6 +13,13 @@ Model (both backends):
   compared by chained 128-bit digests, so one check is O(1) however long the history.
 - ``step_count`` is the number of messages of the sent history: it is the first
   ``step_count`` messages of the returned branch (normally all of them).
+- ``lookup`` is ``ingest``'s read half: without writing anything it says which branch the
+  sent history would land on, how much of it is stored, and returns what a request needs
+  besides (that history's gateway turns, the branch's counters, the session's replica
+  assignment), so a gateway can render and route a request before anything is stored
+  and store it only once the upstream accepted it (one read, one write).
+- ``ingest`` may set the session's replica assignment in the same atomic write
+  (``assign``: the compare-and-set of ``set_assignment``).
 - Gateway-made turns (restore exchanges) are kept beside the harness history, keyed by the
   index of the history message they follow, so ingest digests keep matching what the
   harness re-sends. A fork inherits its parent's gateway turns that follow a message
@@ -24,7 +31,8 @@ Model (both backends):
 - Counters: named integers per branch and per tenant, changed only by atomic increments
   (``add_counts``), so concurrent requests never lose one another's counts. A call carries
   a token of its own (the request id): repeating it (a retry after a lost reply) adds
-  nothing, while two different calls with equal counts both add.
+  nothing, while two different calls with equal counts both add. The same call may append
+  one record to the branch's request log (``get_log``), under the same token.
 - Quota charges (``charge``): per-tenant counters in fixed time windows (or gauges, such as
   requests in flight), checked against their limits and added all together or not at all,
   so every gateway process sharing the store enforces one limit.
@@ -82,11 +90,23 @@ class VersionConflict(StoreError):
 
 
 @dataclass(frozen=True, slots=True)
+class Assign:
+    """Set the session's replica assignment with an ingest, as ``set_assignment`` would:
+    to ``replica`` if it currently is ``expected`` (or absent), for ``ttl_s``."""
+
+    replica: str
+    expected: str | None
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class IngestResult:
     branch_id: int
     step_count: int
     appended: int
     new_branch: bool
+    assignment: str | None = None
+    """With ``assign``: the assignment in force afterwards (``set_assignment``'s result)."""
 
     @property
     def first_new(self) -> int:
@@ -139,6 +159,36 @@ def check_counts(counts: Mapping[str, int], token: str, latest: Mapping[str, int
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"counter {name!r} must be an int, got {value!r}")
     check_id("count token", token)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What ``lookup`` found for a sent history, before it is stored.
+
+    ``branch``: the stored branch the history extends or repeats (None: it would start a
+    new session or fork a new branch); ``stored``: how many leading messages of it are
+    stored already; ``gateway_turns``: the gateway turns that follow its messages, by
+    after-index (those a fork would inherit, for a new branch); ``counts``: ``branch``'s
+    counters (empty without one); ``assignment``: the session's replica, or None.
+    """
+
+    branch: int | None
+    stored: int
+    gateway_turns: Mapping[int, tuple[dict[str, Any], ...]]
+    counts: Mapping[str, int]
+    assignment: str | None
+
+
+def turns_before(turns: Sequence[tuple[int, bytes]], limit: int) -> list[tuple[int, bytes]]:
+    """The (after_index, body) turns that follow a message before index ``limit``."""
+    return [(after, body) for after, body in turns if after < limit]
+
+
+def check_assign(assign: Assign | None) -> None:
+    if assign is not None:
+        check_id("replica", assign.replica)
+        if assign.ttl_s <= 0:
+            raise ValueError(f"assignment ttl_s must be positive, got {assign.ttl_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +297,8 @@ class Prepared:
 
     packed: list[codec.PackedMessage]
     chains: list[bytes]
-    known_stored: int  # leading messages this process already saw stored (a hint only)
+    # Leading messages this process knows are stored (a hint only); None: unknown.
+    known_stored: int | None
 
 
 @dataclass(slots=True)
@@ -255,6 +306,7 @@ class _Seen:
     messages: list[Message]
     packed: list[codec.PackedMessage]
     chains: list[bytes]
+    stored: int | None  # leading messages known stored (``DigestCache.stored``)
 
 
 class DigestCache:
@@ -292,11 +344,24 @@ class DigestCache:
             chains.append(prev)
         # keep private copies: a caller editing its dicts in place must not edit our memory
         kept = (seen.messages[:same] if seen else []) + [copy.deepcopy(m) for m in messages[same:]]
-        self._seen[key] = _Seen(kept, packed, chains)
+        known = None if seen is None or seen.stored is None else min(same, seen.stored)
+        self._seen[key] = _Seen(kept, packed, chains, known)
         self._seen.move_to_end(key)
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
-        return Prepared(packed, chains, same)
+        return Prepared(packed, chains, known)
+
+    def stored(self, tenant: str, session: str, prepared: Prepared, count: int) -> None:
+        """The first ``count`` messages of ``prepared`` are stored. Remembered when they are
+        also the start of what the session last prepared (another request of the session
+        may have been prepared since): their chained digests tell in one comparison."""
+        seen = self._seen.get((tenant, session))
+        if seen is None:
+            return
+        if count == 0 or (
+            count <= len(seen.chains) and seen.chains[count - 1] == prepared.chains[count - 1]
+        ):
+            seen.stored = count
 
     def forget(self, tenant: str, session: str) -> None:
         self._seen.pop((tenant, session), None)
@@ -328,11 +393,20 @@ class SessionStore(ABC):
         messages: Sequence[Message],
         *,
         max_bytes: int | None = None,
+        assign: Assign | None = None,
     ) -> IngestResult:
         """Store the history a harness sent; see the module doc for which branch it lands on.
 
         ``max_bytes``: a size cap for this session below the store's (a tenant's limit).
+        ``assign``: also set the session's replica assignment, in the same atomic write
+        (not when the ingest fails); ``IngestResult.assignment`` is the one in force.
         """
+
+    @abstractmethod
+    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+        """What ``ingest(messages)`` would find, read without writing anything (and without
+        refreshing the session's TTL): see ``Lookup``. A session that does not exist reads
+        as empty."""
 
     @abstractmethod
     async def load(
@@ -370,15 +444,20 @@ class SessionStore(ABC):
         *,
         token: str,
         latest: Mapping[str, int] | None = None,
+        record: bytes | None = None,
     ) -> None:
         """Add ``counts`` to the branch's counters and to the tenant's, by atomic increments.
 
         ``token`` names this call (a request id): a repeated call with the same token adds
         nothing. ``latest``: branch values that are set, not added (what the last request
-        saw, e.g. its prompt size); the tenant's counters do not take them. A branch that no
-        longer exists (session deleted or expired) gets nothing; the tenant's counters are
-        added all the same.
+        saw, e.g. its prompt size); the tenant's counters do not take them. ``record``:
+        appended to the branch's request log. A branch that no longer exists (session
+        deleted or expired) gets nothing; the tenant's counters are added all the same.
         """
+
+    @abstractmethod
+    async def get_log(self, tenant: str, session: str, branch: int) -> list[bytes]:
+        """The branch's request log (``add_counts`` records) in order; ``NotFound`` if absent."""
 
     @abstractmethod
     async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:

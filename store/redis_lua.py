@@ -7,7 +7,8 @@ its first write, so an error reply never leaves a partial write behind.
 meta (hash): nb (branch count), head, bytes, and per branch b: p<b> parent, f<b> fork
 index, l<b> history length. chain / msgs (hash): "<b>:<i>" -> chained digest / packed
 message at history index i, for a branch's own messages only. blobs: digest -> blob.
-gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: "<b>:v", "<b>:d".
+gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: "<b>:v", "<b>:d",
+and the request log "<b>:rn", "<b>:r:<seq>".
 counts: "<b>:<name>" -> integer, "t:<token>" for every counting call already applied.
 Tenant scripts take keys under the tenant's own tag: its counters, token keys, quota
 counters and session index.
@@ -17,7 +18,7 @@ _COMMON = """
 local meta, chainkey, msgs, blobs, gw, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local cnt = KEYS[7]
 local function touch(ttl)
-  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 1, 7 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 -- (digest, body) pairs in ARGV from index ``first`` that the session does not hold yet,
 -- and the bytes they add (body + 16-byte digest each).
@@ -34,22 +35,18 @@ local function new_blobs(first)
 end
 """
 
-# ARGV: ttl_ms, max_bytes, chained digests (16 bytes each, one per sent message),
-# k (index of the first body sent), m (number of bodies), m bodies, then blob pairs.
-# Replies: {'ok', branch, length, appended, new_branch} | {'need', index} |
-# {'too_large', stored, adding}.
-INGEST = (
-    _COMMON
-    + """
-local ttl, maxb, chains = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local n, k, m = #chains / 16, tonumber(ARGV[4]), tonumber(ARGV[5])
+# Where a sent history lands (``chains``: its chained digests, 16 bytes each): sets
+# ``target`` (a branch it extends or repeats; -1: a new branch), ``from`` (how many of its
+# messages are stored) and ``parent`` (a new branch's; -1: a new session); the session's
+# meta fields in ``h`` and the branch table in par/fork/len.
+_SELECT = """
+local n = #chains / 16
 local function c(i) return string.sub(chains, i * 16 + 1, i * 16 + 16) end
 
 local flat = redis.call('HGETALL', meta)
 local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
 local nb, head = tonumber(h['nb'] or '0'), tonumber(h['head'] or '-1')
-local bytes = tonumber(h['bytes'] or '0')
 local par, fork, len = {}, {}, {}
 for b = 0, nb - 1 do
   par[b], fork[b], len[b] = tonumber(h['p' .. b]), tonumber(h['f' .. b]), tonumber(h['l' .. b])
@@ -60,23 +57,15 @@ local function chain_at(b, p)
 end
 
 -- the longest branch whose history is a prefix of the request (ties: the head)
-local best, bestlen = -1, 0
+local target, from, parent = -1, 0, -1
 for b = 0, nb - 1 do
   local L = len[b]
-  local better = L > bestlen or (L == bestlen and b == head)
-  if L <= n and better and chain_at(b, L - 1) == c(L - 1) then best, bestlen = b, L end
+  local better = L > from or (L == from and b == head)
+  if L <= n and better and chain_at(b, L - 1) == c(L - 1) then target, from = b, L end
 end
-if best >= 0 and bestlen == n then
-  redis.call('HSET', meta, 'head', best)
-  touch(ttl)
-  return {'ok', best, n, 0, 0}
-end
-
-local target, from, parent, newb = best, bestlen, -1, 0
-if best < 0 then
+if target < 0 then
   -- diverged: fork from the branch sharing the longest common prefix (binary search,
   -- since a matching chained digest at p implies every earlier one matches)
-  from, newb, target = 0, 1, nb
   for b = 0, nb - 1 do
     local lo, hi = 0, math.min(len[b], n)
     while lo < hi do
@@ -85,19 +74,56 @@ if best < 0 then
     end
     if lo > from or (lo == from and lo > 0 and b == head) then from, parent = lo, b end
   end
-  if from == n then
-    -- a shorter re-send (a late or retried earlier request): already stored, nothing to do
-    redis.call('HSET', meta, 'head', parent)
-    touch(ttl)
-    return {'ok', parent, n, 0, 0}
+  -- a shorter re-send (a late or retried earlier request): already stored
+  if from == n then target, parent = parent, -1 end
+end
+"""
+
+# KEYS[8]: the session's assignment. ARGV: 1 '1'/'0' (set it), 2 replica, 3 '1'/'0' (has
+# expected), 4 expected, 5 ttl_ms. Sets ``asg``: the assignment in force afterwards.
+_ASSIGN = """
+local asg = false
+local function assign()
+  if ARGV[1] ~= '1' then return end
+  local cur = redis.call('GET', KEYS[8])
+  if cur == false or cur == ARGV[2] or (ARGV[3] == '1' and cur == ARGV[4]) then
+    redis.call('SET', KEYS[8], ARGV[2], 'PX', ARGV[5])
+    asg = ARGV[2]
+  else
+    asg = cur
   end
 end
+"""
+
+# KEYS: the session's seven keys, then its assignment. ARGV: the five assignment fields
+# (``_ASSIGN``), ttl_ms, max_bytes, chained digests (16 bytes each, one per sent message),
+# k (index of the first body sent), m (number of bodies), m bodies, then blob pairs.
+# Replies: {'ok', branch, length, appended, new_branch, assignment} | {'need', index} |
+# {'too_large', stored, adding}.
+INGEST = (
+    _COMMON
+    + _ASSIGN
+    + """
+local ttl, maxb, chains = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local k, m = tonumber(ARGV[9]), tonumber(ARGV[10])
+"""
+    + _SELECT
+    + """
+local bytes = tonumber(h['bytes'] or '0')
+if from == n then
+  redis.call('HSET', meta, 'head', target)
+  assign()
+  touch(ttl)
+  return {'ok', target, n, 0, 0, asg}
+end
+local newb = 0
+if target < 0 then newb, target = 1, nb end
 if k > from then return {'need', from} end
 if m ~= n - k then return redis.error_reply('ingest: expected ' .. (n - k) .. ' bodies') end
 
 local add = 0
-for i = from, n - 1 do add = add + #ARGV[6 + i - k] + 16 end
-local newblobs, blob_bytes = new_blobs(6 + m)
+for i = from, n - 1 do add = add + #ARGV[11 + i - k] + 16 end
+local newblobs, blob_bytes = new_blobs(11 + m)
 add = add + blob_bytes
 if bytes + add > maxb then return {'too_large', bytes, add} end
 
@@ -107,11 +133,59 @@ end
 redis.call('HSET', meta, 'l' .. target, n, 'head', target, 'bytes', bytes + add)
 for i = from, n - 1 do
   redis.call('HSET', chainkey, target .. ':' .. i, c(i))
-  redis.call('HSET', msgs, target .. ':' .. i, ARGV[6 + i - k])
+  redis.call('HSET', msgs, target .. ':' .. i, ARGV[11 + i - k])
 end
 for d, v in pairs(newblobs) do redis.call('HSET', blobs, d, v) end
+assign()
 touch(ttl)
-return {'ok', target, n, n - from, newb}
+return {'ok', target, n, n - from, newb, asg}
+"""
+)
+
+# KEYS: the session's seven keys, then its assignment. ARGV: the chained digests. Reads
+# only. Reply: {branch, stored, parent, assignment, counts (flat name/value pairs of the
+# branch), turns (flat limit/envelope pairs: the gateway turns of the branch's ancestry, or
+# a new branch's parent's, each with the index below which its message must lie)}.
+LOOKUP = (
+    _COMMON
+    + """
+local chains = ARGV[1]
+"""
+    + _SELECT
+    + """
+local asg = redis.call('GET', KEYS[8])
+local owner, limit = target, n
+if target < 0 then owner, limit = parent, from end
+local counts, turns = {}, {}
+if target >= 0 then
+  local flat_counts = redis.call('HGETALL', cnt)
+  local prefix = target .. ':'
+  for i = 1, #flat_counts, 2 do
+    local name = flat_counts[i]
+    if string.sub(name, 1, #prefix) == prefix then
+      counts[#counts + 1] = string.sub(name, #prefix + 1)
+      counts[#counts + 1] = flat_counts[i + 1]
+    end
+  end
+end
+if owner >= 0 then
+  -- the ancestry of ``owner`` (each segment's turns follow messages below its end), read
+  -- from the root down so that turns keep their record order
+  local segs, b, hi = {}, owner, limit
+  while b >= 0 do
+    segs[#segs + 1] = {b, hi}
+    b, hi = par[b], math.min(fork[b], hi)
+  end
+  for j = #segs, 1, -1 do
+    local s, end_ = segs[j][1], segs[j][2]
+    local count = tonumber(redis.call('HGET', gw, s .. ':n') or '0')
+    for i = 0, count - 1 do
+      turns[#turns + 1] = end_
+      turns[#turns + 1] = redis.call('HGET', gw, s .. ':' .. i)
+    end
+  end
+end
+return {target, from, parent, asg, counts, turns}
 """
 )
 
@@ -162,17 +236,22 @@ return {'ok', v + 1}
 """
 )
 
-# ARGV: ttl_ms, branch, token, k (number of added pairs), then k (name, amount) pairs, then
-# (name, value) pairs that are set. Replies: 'ok' | 'repeat' | 'no_branch'. The token
-# field makes a retried call a no-op.
+# ARGV: ttl_ms, branch, token, record ('' for none), k (number of added pairs), then k
+# (name, amount) pairs, then (name, value) pairs that are set. Replies: 'ok' | 'repeat' |
+# 'no_branch'. The token field makes a retried call a no-op. The record is appended to the
+# branch's request log, kept in the state hash: "<b>:rn" count, "<b>:r:<seq>" records.
 COUNT_SESSION = (
     _COMMON
     + """
-local ttl, b, k = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[4])
+local ttl, b, k = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[5])
 if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return 'no_branch' end
 if redis.call('HSETNX', cnt, 't:' .. ARGV[3], 1) == 0 then return 'repeat' end
-for i = 5, 4 + 2 * k, 2 do redis.call('HINCRBY', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
-for i = 5 + 2 * k, #ARGV, 2 do redis.call('HSET', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+for i = 6, 5 + 2 * k, 2 do redis.call('HINCRBY', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+for i = 6 + 2 * k, #ARGV, 2 do redis.call('HSET', cnt, b .. ':' .. ARGV[i], ARGV[i + 1]) end
+if ARGV[4] ~= '' then
+  local seq = redis.call('HINCRBY', st, b .. ':rn', 1) - 1
+  redis.call('HSET', st, b .. ':r:' .. seq, ARGV[4])
+end
 touch(ttl)
 return 'ok'
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,8 +24,10 @@ from store import codec, redis_lua
 from store.base import (
     COUNT_TOKEN_TTL_S,
     DEFAULT_TIMEOUT_S,
+    Assign,
     Charge,
     IngestResult,
+    Lookup,
     Message,
     NotFound,
     Refusal,
@@ -36,6 +38,7 @@ from store.base import (
     ancestry,
     assemble,
     bad_after_index,
+    check_assign,
     check_branch,
     check_counts,
     check_id,
@@ -83,12 +86,38 @@ class RedisStore(SessionStore):
             max_connections=max_connections,
         )
         self._ingest = self._redis.register_script(redis_lua.INGEST)
+        self._lookup = self._redis.register_script(redis_lua.LOOKUP)
         self._gateway_turns = self._redis.register_script(redis_lua.GATEWAY_TURNS)
         self._put_state = self._redis.register_script(redis_lua.PUT_STATE)
         self._set_assignment = self._redis.register_script(redis_lua.SET_ASSIGNMENT)
         self._count_session = self._redis.register_script(redis_lua.COUNT_SESSION)
         self._count_tenant = self._redis.register_script(redis_lua.COUNT_TENANT)
         self._charge = self._redis.register_script(redis_lua.CHARGE)
+
+    async def _scripts(
+        self,
+        calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]],
+        then: Callable[[Any], Any] | None = None,
+    ) -> list[Any]:
+        """Scripts (``(script, keys, args)``), then what ``then`` adds to the pipeline, in
+        one round trip. By digest (EVALSHA): redis-py's pipelined scripts would first ask
+        ``SCRIPT EXISTS`` every time; a script Redis lacks (after a restart) is loaded and
+        the round trip repeated, which every script here allows (none wrote anything)."""
+        for _ in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            for script, keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if then is not None:
+                then(pipe)
+            replies = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, rexc.NoScriptError) for r in replies):
+                for r in replies:
+                    if isinstance(r, Exception):
+                        raise r
+                return replies
+            for script, _, _ in calls:
+                await self._redis.script_load(script.script)
+        raise rexc.NoScriptError("scripts vanished again right after loading them")
 
     # -- keys --------------------------------------------------------------------------
     def _keys(self, tenant: str, session: str) -> list[str]:
@@ -126,16 +155,29 @@ class RedisStore(SessionStore):
         messages: Sequence[Message],
         *,
         max_bytes: int | None = None,
+        assign: Assign | None = None,
     ) -> IngestResult:
-        keys = self._keys(tenant, session)
+        keys = [*self._keys(tenant, session), self._assignment_key(tenant, session)]
+        check_assign(assign)
         prep = self._digests.prepare(tenant, session, messages)
         n = len(prep.packed)
         chains = b"".join(prep.chains)
-        start = prep.known_stored if prep.known_stored else n
+        # Unknown: assume all of it is stored (a re-send); the script says what it needs.
+        start = n if prep.known_stored is None else prep.known_stored
         cap = session_cap(self.max_session_bytes, max_bytes)
+        assigning: list[Any] = ["0", "", "0", "", 1]
+        if assign is not None:
+            assigning = [
+                "1",
+                assign.replica,
+                "0" if assign.expected is None else "1",
+                assign.expected or "",
+                max(1, int(assign.ttl_s * 1000)),
+            ]
+        index = self._index_key(tenant)
         async with self._guard():
             for _ in range(_MAX_NEED_ROUNDS):
-                args: list[Any] = [self._ttl_ms, cap, chains, start, n - start]
+                args: list[Any] = [*assigning, self._ttl_ms, cap, chains, start, n - start]
                 blobs: dict[bytes, bytes] = {}
                 for p in prep.packed[start:]:
                     args.append(p.body)
@@ -144,16 +186,60 @@ class RedisStore(SessionStore):
                             blobs[ref] = codec.encode_blob(text)
                 for ref, data in blobs.items():
                     args += (ref, data)
-                reply = await self._ingest(keys=keys, args=args)
+                # The session index (another hash tag) refreshed in the same round trip.
+                reply, _ = await self._scripts(
+                    [(self._ingest, keys, args)],
+                    lambda pipe: pipe.zadd(index, {session: time.time() * 1000}, xx=True),
+                )
                 kind = reply[0]
                 if kind == b"need":
                     start = int(reply[1])
                     continue
                 if kind == b"too_large":
                     raise too_large(tenant, session, int(reply[1]), int(reply[2]), cap)
-                await self._redis.zadd(self._index_key(tenant), {session: time.time() * 1000})
-                return IngestResult(int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]))
+                self._digests.stored(tenant, session, prep, n)
+                if int(reply[3]) == n:
+                    # A new session: the index learns it (``xx`` above only refreshed).
+                    await self._redis.zadd(index, {session: time.time() * 1000})
+                assignment = reply[5].decode() if reply[5] else None
+                return IngestResult(
+                    int(reply[1]), int(reply[2]), int(reply[3]), bool(reply[4]), assignment
+                )
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
+
+    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+        keys = [*self._keys(tenant, session), self._assignment_key(tenant, session)]
+        prep = self._digests.prepare(tenant, session, messages)
+        async with self._guard():
+            target, stored, parent, asg, flat_counts, flat_turns = await self._lookup(
+                keys=keys, args=[b"".join(prep.chains)]
+            )
+            self._digests.stored(tenant, session, prep, int(stored))
+            turns: list[tuple[int, bytes]] = []
+            for limit, envelope in zip(flat_turns[::2], flat_turns[1::2], strict=True):
+                after, body = codec.unpack(envelope)
+                if after < int(limit):
+                    turns.append((after, body))
+            refs = sorted({r for _, body in turns for r in codec.blob_refs(body)})
+            # Restored content is kept as blobs: only a session with restores reads them.
+            found = await self._redis.hmget(keys[3], refs) if refs else []
+        blobs = dict(zip(refs, found, strict=True))
+        owner = int(target) if int(target) >= 0 else int(parent)
+        gateway_turns: Mapping[int, tuple[dict[str, Any], ...]] = {}
+        if turns:
+            branches = {owner: (-1, 0, 0)}
+            gateway_turns = assemble(session, owner, branches, [], turns, blobs.get).gateway_turns
+        counts = {
+            name.decode(): int(value)
+            for name, value in zip(flat_counts[::2], flat_counts[1::2], strict=True)
+        }
+        return Lookup(
+            int(target) if int(target) >= 0 else None,
+            int(stored),
+            gateway_turns,
+            counts,
+            asg.decode() if asg else None,
+        )
 
     async def load(
         self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
@@ -286,6 +372,7 @@ class RedisStore(SessionStore):
         *,
         token: str,
         latest: Mapping[str, int] | None = None,
+        record: bytes | None = None,
     ) -> None:
         keys = self._keys(tenant, session)
         latest = latest or {}
@@ -298,11 +385,13 @@ class RedisStore(SessionStore):
         async with self._guard():
             # Two scripts (the session's keys and the tenant's live on different Cluster
             # shards), one round trip.
-            pipe = self._redis.pipeline(transaction=False)
-            session_args = [self._ttl_ms, branch, token, len(counts), *pairs, *sets]
-            await self._count_session(keys=keys, args=session_args, client=pipe)
-            await self._count_tenant(keys=tenant_keys, args=[token_ttl_ms, *pairs], client=pipe)
-            await pipe.execute()
+            session_args = [self._ttl_ms, branch, token, record or b"", len(counts), *pairs, *sets]
+            await self._scripts(
+                [
+                    (self._count_session, keys, session_args),
+                    (self._count_tenant, tenant_keys, [token_ttl_ms, *pairs]),
+                ]
+            )
 
     async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
         keys = self._keys(tenant, session)
@@ -315,9 +404,21 @@ class RedisStore(SessionStore):
             exists, raw = await pipe.execute()
         if not exists:
             raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
-        return {
-            k[len(prefix) :].decode(): int(v) for k, v in raw.items() if k.startswith(prefix)
-        }
+        return {k[len(prefix) :].decode(): int(v) for k, v in raw.items() if k.startswith(prefix)}
+
+    async def get_log(self, tenant: str, session: str, branch: int) -> list[bytes]:
+        keys = self._keys(tenant, session)
+        check_branch(branch)
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hexists(keys[0], f"l{branch}")
+            pipe.hget(keys[5], f"{branch}:rn")
+            exists, count = await pipe.execute()
+            if not exists:
+                raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
+            fields = [f"{branch}:r:{i}" for i in range(int(count or 0))]
+            records = await self._redis.hmget(keys[5], fields) if fields else []
+        return [r for r in records if r is not None]
 
     async def get_tenant_counts(self, tenant: str) -> dict[str, int]:
         key = self._tenant_key(tenant, "counts")

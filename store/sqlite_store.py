@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,8 +21,10 @@ from store import codec
 from store.base import (
     COUNT_TOKEN_TTL_S,
     DEFAULT_TIMEOUT_S,
+    Assign,
     Charge,
     IngestResult,
+    Lookup,
     Message,
     NotFound,
     Prepared,
@@ -33,6 +36,7 @@ from store.base import (
     ancestry,
     assemble,
     bad_after_index,
+    check_assign,
     check_branch,
     check_counts,
     check_id,
@@ -40,6 +44,7 @@ from store.base import (
     over_limit,
     session_cap,
     too_large,
+    turns_before,
     window_key,
 )
 
@@ -64,6 +69,9 @@ CREATE TABLE IF NOT EXISTS gateway_turns (
 CREATE TABLE IF NOT EXISTS states (
   sid INTEGER, branch INTEGER, version INTEGER, data BLOB,
   PRIMARY KEY (sid, branch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS request_log (
+  sid INTEGER, branch INTEGER, seq INTEGER, data BLOB,
+  PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
   sid INTEGER, branch INTEGER, name TEXT, value INTEGER,
   PRIMARY KEY (sid, branch, name)) WITHOUT ROWID;
@@ -83,7 +91,15 @@ CREATE TABLE IF NOT EXISTS replies (
 """
 # messages and blobs are large rows: rowid tables keep them out of the key b-tree
 # (WITHOUT ROWID tables with rows near the page size waste most of each page)
-_SESSION_TABLES = ("branches", "messages", "blobs", "gateway_turns", "states", "counts")
+_SESSION_TABLES = (
+    "branches",
+    "messages",
+    "blobs",
+    "gateway_turns",
+    "states",
+    "request_log",
+    "counts",
+)
 
 
 class SQLiteStore(SessionStore):
@@ -157,12 +173,60 @@ class SQLiteStore(SessionStore):
         messages: Sequence[Message],
         *,
         max_bytes: int | None = None,
+        assign: Assign | None = None,
     ) -> IngestResult:
         check_id("tenant", tenant)
         check_id("session", session)
+        check_assign(assign)
         prep = self._digests.prepare(tenant, session, messages)
         cap = session_cap(self.max_session_bytes, max_bytes)
-        return await self._run(lambda c: self._ingest(c, tenant, session, prep, cap), write=True)
+
+        def write(conn: sqlite3.Connection) -> IngestResult:
+            result = self._ingest(conn, tenant, session, prep, cap)
+            if assign is None:
+                return result
+            return replace(result, assignment=_set_assignment(conn, tenant, session, assign))
+
+        return await self._run(write, write=True)
+
+    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        prep = self._digests.prepare(tenant, session, messages)
+
+        def read(conn: sqlite3.Connection) -> Lookup:
+            assignment = _assignment(conn, tenant, session, time.time())
+            row = conn.execute(
+                "SELECT id, head, used FROM sessions WHERE tenant=? AND session=?",
+                (tenant, session),
+            ).fetchone()
+            if row is None or row[2] < time.time() - self.ttl_s:
+                return Lookup(None, 0, {}, {}, assignment)
+            sid, head = int(row[0]), int(row[1])
+            branches = _branches(conn, sid)
+            target, from_, parent = _select(conn, sid, head, branches, prep.chains)
+            n = len(prep.chains)
+            owner = target if target >= 0 else parent
+            if owner < 0:
+                return Lookup(None, from_, {}, {}, assignment)
+            limit = n if target >= 0 else from_
+            turns = turns_before(_turns(conn, sid, branches, owner), limit)
+            history = assemble(session, owner, branches, [], turns, _blob_reader(conn, sid))
+            counts = {}
+            if target >= 0:
+                rows = conn.execute(
+                    "SELECT name, value FROM counts WHERE sid=? AND branch=?", (sid, target)
+                )
+                counts = {str(name): int(value) for name, value in rows}
+            return Lookup(
+                target if target >= 0 else None,
+                from_,
+                history.gateway_turns,
+                counts,
+                assignment,
+            )
+
+        return await self._run(read)
 
     def _ingest(
         self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared, cap: int
@@ -171,49 +235,16 @@ class SQLiteStore(SessionStore):
         head, stored = conn.execute(
             "SELECT head, bytes FROM sessions WHERE id=?", (sid,)
         ).fetchone()
-        branches = {
-            b: (p, f, n)
-            for b, p, f, n in conn.execute(
-                "SELECT branch, parent, fork, length FROM branches WHERE sid=?", (sid,)
-            )
-        }
-
-        def chain_at(b: int, pos: int) -> bytes:
-            while pos < branches[b][1]:
-                b = branches[b][0]
-            row = conn.execute(
-                "SELECT chain FROM messages WHERE sid=? AND branch=? AND pos=?", (sid, b, pos)
-            ).fetchone()
-            return bytes(row[0])
-
-        n, chains = len(prep.chains), prep.chains
-        # the longest branch whose history is a prefix of the request (ties: the head)
-        best, from_ = -1, 0
-        for b, (_, _, length) in branches.items():
-            better = length > from_ or (length == from_ and b == head)
-            if length <= n and better and chain_at(b, length - 1) == chains[length - 1]:
-                best, from_ = b, length
-        if best >= 0 and from_ == n:
-            conn.execute("UPDATE sessions SET head=? WHERE id=?", (best, sid))
-            return IngestResult(best, n, 0, False)
-        target, parent = best, -1
-        if best < 0:
-            # diverged: fork from the branch sharing the longest common prefix
+        branches = _branches(conn, sid)
+        chains, n = prep.chains, len(prep.chains)
+        target, from_, parent = _select(conn, sid, head, branches, chains)
+        if from_ == n:
+            # an identical re-send, or a shorter one (a late or retried earlier request)
+            conn.execute("UPDATE sessions SET head=? WHERE id=?", (target, sid))
+            return IngestResult(target, n, 0, False)
+        new_branch = target < 0
+        if new_branch:
             target = len(branches)
-            for b, (_, _, length) in branches.items():
-                lo, hi = 0, min(length, n)
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if chain_at(b, mid - 1) == chains[mid - 1]:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                if lo > from_ or (lo == from_ and lo > 0 and b == head):
-                    from_, parent = lo, b
-            if from_ == n:
-                # a shorter re-send (a late or retried earlier request): already stored
-                conn.execute("UPDATE sessions SET head=? WHERE id=?", (parent, sid))
-                return IngestResult(parent, n, 0, False)
         new = prep.packed[from_:]
         blobs = {ref: text for p in new for ref, text in p.blobs.items()}
         fresh = {
@@ -225,7 +256,7 @@ class SQLiteStore(SessionStore):
         adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
         if stored + adding > cap:
             raise too_large(tenant, session, stored, adding, cap)
-        if best < 0:
+        if new_branch:
             conn.execute(
                 "INSERT INTO branches VALUES (?, ?, ?, ?, ?)", (sid, target, parent, from_, n)
             )
@@ -241,7 +272,7 @@ class SQLiteStore(SessionStore):
         conn.execute(
             "UPDATE sessions SET head=?, bytes=? WHERE id=?", (target, stored + adding, sid)
         )
-        return IngestResult(target, n, n - from_, best < 0)
+        return IngestResult(target, n, n - from_, new_branch)
 
     async def load(
         self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True
@@ -265,18 +296,12 @@ class SQLiteStore(SessionStore):
         sid = self._need_sid(conn, tenant, session)
         (head,) = conn.execute("SELECT head FROM sessions WHERE id=?", (sid,)).fetchone()
         b = head if branch is None else branch
-        branches = {
-            br: (p, f, n)
-            for br, p, f, n in conn.execute(
-                "SELECT branch, parent, fork, length FROM branches WHERE sid=?", (sid,)
-            )
-        }
+        branches = _branches(conn, sid)
         if b not in branches:
             raise NotFound(f"session {session!r} has no branch {b}")
         bodies: list[bytes] = []
-        turns: list[tuple[int, bytes]] = []
-        for s, lo, hi in ancestry(branches, b):
-            if with_messages:
+        if with_messages:
+            for s, lo, hi in ancestry(branches, b):
                 bodies += [
                     bytes(r[0])
                     for r in conn.execute(
@@ -285,23 +310,8 @@ class SQLiteStore(SessionStore):
                         (sid, s, lo, hi),
                     )
                 ]
-            # a fork sees an ancestor's gateway turns that follow a message of the shared part
-            turns += [
-                (a, bytes(body))
-                for a, body in conn.execute(
-                    "SELECT after, body FROM gateway_turns WHERE sid=? AND branch=? AND after<?"
-                    " ORDER BY seq",
-                    (sid, s, hi),
-                )
-            ]
-
-        def fetch_blob(ref: bytes) -> bytes | None:
-            row = conn.execute(
-                "SELECT data FROM blobs WHERE sid=? AND digest=?", (sid, ref)
-            ).fetchone()
-            return None if row is None else bytes(row[0])
-
-        return assemble(session, b, branches, bodies, turns, fetch_blob)
+        turns = _turns(conn, sid, branches, b)
+        return assemble(session, b, branches, bodies, turns, _blob_reader(conn, sid))
 
     def _branch_length(self, conn: sqlite3.Connection, sid: int, session: str, b: int) -> int:
         row = conn.execute(
@@ -407,6 +417,7 @@ class SQLiteStore(SessionStore):
         *,
         token: str,
         latest: Mapping[str, int] | None = None,
+        record: bytes | None = None,
     ) -> None:
         check_id("tenant", tenant)
         check_id("session", session)
@@ -429,9 +440,13 @@ class SQLiteStore(SessionStore):
                 [(tenant, name, value) for name, value in counts.items()],
             )
             sid = self._sid(conn, tenant, session, create=False)
-            if sid is None or conn.execute(
-                "SELECT 1 FROM branches WHERE sid=? AND branch=?", (sid, branch)
-            ).fetchone() is None:
+            if (
+                sid is None
+                or conn.execute(
+                    "SELECT 1 FROM branches WHERE sid=? AND branch=?", (sid, branch)
+                ).fetchone()
+                is None
+            ):
                 return
             conn.executemany(
                 "INSERT INTO counts VALUES (?, ?, ?, ?) ON CONFLICT (sid, branch, name)"
@@ -442,8 +457,30 @@ class SQLiteStore(SessionStore):
                 "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
                 [(sid, branch, name, value) for name, value in latest.items()],
             )
+            if record is not None:
+                conn.execute(
+                    "INSERT INTO request_log SELECT ?, ?, COALESCE(MAX(seq) + 1, 0), ?"
+                    " FROM request_log WHERE sid=? AND branch=?",
+                    (sid, branch, record, sid, branch),
+                )
 
         await self._run(add, write=True)
+
+    async def get_log(self, tenant: str, session: str, branch: int) -> list[bytes]:
+        check_id("tenant", tenant)
+        check_id("session", session)
+        check_branch(branch)
+
+        def read(conn: sqlite3.Connection) -> list[bytes]:
+            sid = self._need_sid(conn, tenant, session)
+            self._branch_length(conn, sid, session, branch)
+            rows = conn.execute(
+                "SELECT data FROM request_log WHERE sid=? AND branch=? ORDER BY seq",
+                (sid, branch),
+            )
+            return [bytes(r[0]) for r in rows]
+
+        return await self._run(read, write=True)
 
     async def get_counts(self, tenant: str, session: str, branch: int) -> dict[str, int]:
         check_id("tenant", tenant)
@@ -516,41 +553,16 @@ class SQLiteStore(SessionStore):
     async def get_assignment(self, tenant: str, session: str) -> str | None:
         check_id("tenant", tenant)
         check_id("session", session)
-
-        def read(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT replica FROM assignments WHERE tenant=? AND session=? AND expires>?",
-                (tenant, session, time.time()),
-            ).fetchone()
-            return None if row is None else str(row[0])
-
-        return await self._run(read)
+        return await self._run(lambda c: _assignment(c, tenant, session, time.time()))
 
     async def set_assignment(
         self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
     ) -> str:
         check_id("tenant", tenant)
         check_id("session", session)
-        check_id("replica", replica)
-        if ttl_s <= 0:
-            raise ValueError(f"assignment ttl_s must be positive, got {ttl_s}")
-
-        def cas(conn: sqlite3.Connection) -> str:
-            now = time.time()
-            row = conn.execute(
-                "SELECT replica FROM assignments WHERE tenant=? AND session=? AND expires>?",
-                (tenant, session, now),
-            ).fetchone()
-            current = None if row is None else str(row[0])
-            if current is not None and current not in (replica, expected):
-                return current
-            conn.execute(
-                "INSERT OR REPLACE INTO assignments VALUES (?, ?, ?, ?)",
-                (tenant, session, replica, now + ttl_s),
-            )
-            return replica
-
-        return await self._run(cas, write=True)
+        assign = Assign(replica, expected, ttl_s)
+        check_assign(assign)
+        return await self._run(lambda c: _set_assignment(c, tenant, session, assign), write=True)
 
     # -- kept replies ------------------------------------------------------------------
     async def put_reply(self, tenant: str, reply_id: str, data: bytes) -> None:
@@ -636,3 +648,107 @@ def _purge(conn: sqlite3.Connection, sid: int) -> None:
     for table in _SESSION_TABLES:
         conn.execute(f"DELETE FROM {table} WHERE sid=?", (sid,))
     conn.execute("DELETE FROM sessions WHERE id=?", (sid,))
+
+
+def _branches(conn: sqlite3.Connection, sid: int) -> dict[int, tuple[int, int, int]]:
+    return {
+        b: (p, f, n)
+        for b, p, f, n in conn.execute(
+            "SELECT branch, parent, fork, length FROM branches WHERE sid=?", (sid,)
+        )
+    }
+
+
+def _select(
+    conn: sqlite3.Connection,
+    sid: int,
+    head: int,
+    branches: Mapping[int, tuple[int, int, int]],
+    chains: Sequence[bytes],
+) -> tuple[int, int, int]:
+    """Where a sent history (its chained digests) lands: (branch, stored, parent).
+
+    ``branch`` >= 0: the longest stored branch the history extends (ties: the head), or the
+    branch it repeats or is a prefix of; its first ``stored`` messages are stored already
+    (all of them: nothing to append). ``branch`` -1: a new branch forking from ``parent``
+    (-1 for none: a new session) after ``stored`` shared messages.
+    """
+
+    def chain_at(b: int, pos: int) -> bytes:
+        while pos < branches[b][1]:
+            b = branches[b][0]
+        row = conn.execute(
+            "SELECT chain FROM messages WHERE sid=? AND branch=? AND pos=?", (sid, b, pos)
+        ).fetchone()
+        return bytes(row[0])
+
+    n = len(chains)
+    # the longest branch whose history is a prefix of the request (ties: the head)
+    best, from_ = -1, 0
+    for b, (_, _, length) in branches.items():
+        better = length > from_ or (length == from_ and b == head)
+        if length <= n and better and chain_at(b, length - 1) == chains[length - 1]:
+            best, from_ = b, length
+    if best >= 0:
+        return best, from_, -1
+    # diverged: fork from the branch sharing the longest common prefix
+    parent = -1
+    for b, (_, _, length) in branches.items():
+        lo, hi = 0, min(length, n)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain_at(b, mid - 1) == chains[mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo > from_ or (lo == from_ and lo > 0 and b == head):
+            from_, parent = lo, b
+    if from_ == n:
+        return parent, n, -1  # a shorter re-send: stored already
+    return -1, from_, parent
+
+
+def _turns(
+    conn: sqlite3.Connection, sid: int, branches: Mapping[int, tuple[int, int, int]], b: int
+) -> list[tuple[int, bytes]]:
+    """Branch ``b``'s gateway turns as (after_index, body), in record order; a fork sees an
+    ancestor's turns that follow a message of the shared part."""
+    turns: list[tuple[int, bytes]] = []
+    for s, _, hi in ancestry(branches, b):
+        turns += [
+            (a, bytes(body))
+            for a, body in conn.execute(
+                "SELECT after, body FROM gateway_turns WHERE sid=? AND branch=? AND after<?"
+                " ORDER BY seq",
+                (sid, s, hi),
+            )
+        ]
+    return turns
+
+
+def _blob_reader(conn: sqlite3.Connection, sid: int) -> Callable[[bytes], bytes | None]:
+    def fetch_blob(ref: bytes) -> bytes | None:
+        row = conn.execute("SELECT data FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    return fetch_blob
+
+
+def _assignment(conn: sqlite3.Connection, tenant: str, session: str, now: float) -> str | None:
+    row = conn.execute(
+        "SELECT replica FROM assignments WHERE tenant=? AND session=? AND expires>?",
+        (tenant, session, now),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _set_assignment(conn: sqlite3.Connection, tenant: str, session: str, assign: Assign) -> str:
+    now = time.time()
+    current = _assignment(conn, tenant, session, now)
+    if current is not None and current not in (assign.replica, assign.expected):
+        return current
+    conn.execute(
+        "INSERT OR REPLACE INTO assignments VALUES (?, ?, ?, ?)",
+        (tenant, session, assign.replica, now + assign.ttl_s),
+    )
+    return assign.replica

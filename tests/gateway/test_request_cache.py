@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.dialects import anthropic_messages, openai_chat
 from gateway.dialects.anthropic_messages import ANTHROPIC_MESSAGES as ANTHROPIC
@@ -20,7 +21,13 @@ from gateway.dialects.openai_responses import OPENAI_RESPONSES
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
-from gateway.request_cache import DecodeCache, Decoded, MessageMemo, session_ids
+from gateway.request_cache import (
+    BYTES_PER_TOKEN,
+    DecodeCache,
+    Decoded,
+    MessageMemo,
+    session_ids,
+)
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
@@ -203,14 +210,23 @@ def test_the_body_checks_run_on_every_request() -> None:
         cache.decode(ANTHROPIC, body)
 
 
-def test_sessions_are_kept_apart_and_the_cache_is_bounded() -> None:
-    cache = DecodeCache(max_sessions=1)
+def test_sessions_are_kept_apart_and_the_cache_is_bounded_by_bytes() -> None:
+    one = DecodeCache().decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["x"])
+    evictions = metrics.CACHE_EVICTIONS.labels(cache="decode")
+    before = evictions._value.get()
+    # room for one session's text, not two
+    cache = DecodeCache(max_bytes=one.tokens * BYTES_PER_TOKEN * 3 // 2)
     a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
     assert b.messages[0] is not a.messages[0]
     again = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
     assert again == a
+    assert evictions._value.get() == before + 2  # "a" for "b", "b" for "a" again
+    # a session larger than the whole bound is decoded, not kept
+    tiny = DecodeCache(max_bytes=8)
+    first = tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    assert tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript == first
 
 
 def test_session_ids_name_what_the_request_says() -> None:
@@ -270,7 +286,7 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
             got_rendered, got_tokens = cached.render(got)
             want_rendered, want_tokens = fresh.render(want)
             assert got_tokens == want_tokens
-            assert cached.upstream_body(got, got_rendered) == fresh.upstream_body(
+            assert cached.forward.body(got, got_rendered) == fresh.forward.body(
                 want, want_rendered
             )
     finally:

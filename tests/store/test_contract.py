@@ -9,7 +9,15 @@ import string
 
 import pytest
 
-from store import Charge, NotFound, Refusal, SessionStore, SessionTooLarge, VersionConflict
+from store import (
+    Assign,
+    Charge,
+    NotFound,
+    Refusal,
+    SessionStore,
+    SessionTooLarge,
+    VersionConflict,
+)
 from tests.store.conftest import StoreFactory, history, msg
 
 
@@ -145,6 +153,81 @@ async def test_gateway_turns_kept_beside_history(store: SessionStore, tenant: st
     assert light.gateway_turns == fork.gateway_turns
 
 
+async def test_lookup_reads_what_ingest_would_find(make_store: StoreFactory, tenant: str) -> None:
+    a, b = make_store(), make_store()
+    try:
+        h = history(6)
+        empty = await a.lookup(tenant, "s", h)
+        assert (empty.branch, empty.stored, dict(empty.gateway_turns), empty.assignment) == (
+            None,
+            0,
+            {},
+            None,
+        )
+        assert await a.list_sessions(tenant) == []  # a lookup writes nothing
+        await a.ingest(tenant, "s", h)
+        restore = [msg("assistant", "restore 2"), msg("user", "the original output " * 100)]
+        await a.append_gateway_turns(tenant, "s", 0, 5, restore)
+        await a.append_gateway_turns(tenant, "s", 0, 1, [msg("assistant", "early")])
+        await a.add_counts(tenant, "s", 0, {"requests": 1}, token="r1", latest={"last": 9})
+        await a.set_assignment(tenant, "s", "r1", expected=None, ttl_s=30)
+        longer = [*h, msg("assistant", "next")]
+        for store in (a, b):  # b: a fresh process, no digest memory
+            found = await store.lookup(tenant, "s", longer)
+            assert (found.branch, found.stored, found.assignment) == (0, 6, "r1")
+            assert dict(found.counts) == {"requests": 1, "last": 9}
+            assert {k: list(v) for k, v in found.gateway_turns.items()} == {
+                1: [msg("assistant", "early")],
+                5: restore,
+            }
+        # a shorter re-send sees only the turns inside it; a fork inherits the shared ones
+        short = await b.lookup(tenant, "s", h[:4])
+        assert (short.branch, short.stored) == (0, 4)
+        assert {k: list(v) for k, v in short.gateway_turns.items()} == {
+            1: [msg("assistant", "early")]
+        }
+        fork = [*h[:3], msg("user", "fork")]
+        forked = await b.lookup(tenant, "s", fork)
+        assert (forked.branch, forked.stored, dict(forked.counts)) == (None, 3, {})
+        assert {k: list(v) for k, v in forked.gateway_turns.items()} == {
+            1: [msg("assistant", "early")]
+        }
+        # and ingest then lands where lookup said, appending only the unstored part
+        r = await b.ingest(tenant, "s", longer)
+        assert (r.branch_id, r.appended) == (0, 1)
+        assert list((await a.load(tenant, "s")).messages) == longer
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_ingest_sets_the_assignment_in_the_same_write(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    a = make_store(max_session_bytes=4096)
+    try:
+        h = history(4)
+        r = await a.ingest(tenant, "s", h, assign=Assign("r1", expected=None, ttl_s=30))
+        assert (r.branch_id, r.appended, r.assignment) == (0, 4, "r1")
+        assert await a.list_sessions(tenant) == ["s"]
+        # compare-and-set as set_assignment: a stale expectation loses to the value in force
+        again = await a.ingest(tenant, "s", h, assign=Assign("r2", expected="r3", ttl_s=30))
+        assert (again.appended, again.assignment) == (0, "r1")
+        moved = await a.ingest(tenant, "s", h, assign=Assign("r2", expected="r1", ttl_s=30))
+        assert moved.assignment == "r2"
+        assert (await a.ingest(tenant, "s", h)).assignment is None  # not asked
+        assert await a.get_assignment(tenant, "s") == "r2"
+        # a refused ingest writes no assignment either
+        with pytest.raises(SessionTooLarge):
+            await a.ingest(
+                tenant, "big", [msg("user", os.urandom(4000).hex())], assign=Assign("r1", None, 30)
+            )
+        assert await a.get_assignment(tenant, "big") is None
+        assert await a.list_sessions(tenant) == ["s"]
+    finally:
+        await a.close()
+
+
 async def test_gateway_turn_errors(store: SessionStore, tenant: str) -> None:
     await store.ingest(tenant, "s", history(3))
     with pytest.raises(ValueError, match="after_index 3 is outside branch 0"):
@@ -224,6 +307,30 @@ async def test_counts_add_up_and_a_retry_adds_nothing(
         await b.close()
 
 
+async def test_counting_appends_one_log_record_per_token(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    a, b = make_store(), make_store()
+    try:
+        await a.ingest(tenant, "s", history(2))
+        await a.ingest(tenant, "s", [*history(1), msg("assistant", "fork")])
+        assert await a.get_log(tenant, "s", 0) == []
+        await a.add_counts(tenant, "s", 0, {"requests": 1}, token="r1", record=b"first")
+        await b.add_counts(tenant, "s", 0, {"requests": 1}, token="r1", record=b"first")  # retry
+        await b.add_counts(tenant, "s", 0, {"requests": 1}, token="r2", record=b"first")  # equal
+        await a.add_counts(tenant, "s", 1, {"requests": 1}, token="r3", record=b"fork")
+        await a.add_counts(tenant, "s", 0, {"requests": 1}, token="r4")  # no record
+        assert await b.get_log(tenant, "s", 0) == [b"first", b"first"]
+        assert await a.get_log(tenant, "s", 1) == [b"fork"]
+        with pytest.raises(NotFound):
+            await a.get_log(tenant, "s", 2)
+        with pytest.raises(NotFound):
+            await a.get_log(tenant, "gone", 0)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_64_concurrent_counts_all_land(make_store: StoreFactory, tenant: str) -> None:
     replicas = [make_store(), make_store()]
     try:
@@ -246,6 +353,7 @@ async def test_charges_hold_their_limits_across_stores(
     a, b = make_store(), make_store()
     minute = 60.0
     try:
+
         def take(tokens: int) -> list[Charge]:
             return [Charge("req", 1, 3, minute), Charge("tok", tokens, 100, minute)]
 
@@ -286,9 +394,7 @@ async def test_session_count_limit(store: SessionStore, tenant: str) -> None:
     await store.ingest(tenant, "b", history(2))
     req = [Charge("req", 1)]
     assert await store.charge(tenant, req, session="a", max_sessions=2) is None  # a live one
-    assert await store.charge(tenant, req, session="c", max_sessions=2) == Refusal(
-        "sessions", 2, 2
-    )
+    assert await store.charge(tenant, req, session="c", max_sessions=2) == Refusal("sessions", 2, 2)
     assert await store.charge(tenant, req, session="c", max_sessions=3) is None
     await store.delete_session(tenant, "b")
     assert await store.charge(tenant, req, session="c", max_sessions=2) is None

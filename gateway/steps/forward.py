@@ -1,0 +1,134 @@
+"""Forward: the rendered context as a streaming chat request to the replica the route picks.
+
+Failover to another replica happens only before the first chunk (``router.with_failover``):
+``open`` returns once a replica's first chunk is in hand, which is when the upstream has
+accepted the request. A replica that refuses the context as too long gets the overflow
+ladder: CliffCompaction's rungs over the rendering, smaller each time, until one is taken.
+With no configured upstream model, the replicas' one served model is used (discovered
+once from ``/v1/models``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gateway import metrics
+from gateway.config import GatewayConfig
+from gateway.context_guard import ContextGuard
+from gateway.dialects.openai_chat import encode_request
+from gateway.fold.cliff import Cliff
+from gateway.fold.renderer import estimate_tokens
+from gateway.steps.ingest import Prepared
+from gateway.tenants import Tenants
+from gateway.transcript import Transcript
+from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
+from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
+from router.replica import Replica
+
+UNBOUNDED_TOKENS = 1 << 40
+_CONTEXT_TOO_LONG = re.compile(
+    r"maximum context length|maximum model length|context length|prompt is too long", re.I
+)
+
+
+def context_too_long(exc: UpstreamError) -> bool:
+    return exc.status == 400 and bool(_CONTEXT_TOO_LONG.search(str(exc)))
+
+
+class Forward:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: ReplicaPool,
+        policy: RoutingPolicy,
+        upstream: UpstreamClient,
+        tenants: Tenants,
+        guard: ContextGuard,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.policy = policy
+        self.upstream = upstream
+        self.tenants = tenants
+        self.guard = guard
+        self.upstream_model = config.upstream_model
+        self._model_discovered = False
+
+    def body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
+        """The rendered context as a streaming chat request for a vLLM replica."""
+        # ReFold adds its restore tool to the rendered transcript itself, once it pays.
+        body = encode_request(rendered, prepared.memo.encode)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if self.upstream_model:
+            body["model"] = self.upstream_model
+        self.tenants.scope_upstream_body(prepared.tenant, body)
+        return body
+
+    async def models(self) -> list[dict[str, Any]]:
+        """What the replicas serve (the first healthy replica that answers)."""
+        for replica in self.pool.healthy():
+            try:
+                return list((await self.upstream.get_json(f"{replica.url}/v1/models"))["data"])
+            except (UpstreamError, OSError, ValueError, KeyError):
+                continue
+        return []
+
+    async def discover_model(self) -> None:
+        """With no configured upstream model, use the replicas' one model when they serve
+        one; then the context guard learns its window."""
+        if self.upstream_model is None and not self._model_discovered:
+            served = await self.models()
+            self._model_discovered = bool(served)
+            if len(served) == 1:
+                self.upstream_model = served[0]["id"]
+        await self.guard.learn(self.upstream_model)
+
+    async def open(
+        self, prepared: Prepared, body: dict[str, Any], hints: RouteHints | None = None
+    ) -> tuple[Replica, ChatStream]:
+        """Route and open the upstream stream, failing over before the first chunk.
+        ``hints`` (the rendered prompt's size, the session's assignment) go to the policy."""
+
+        async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
+            try:
+                return replica, await self.upstream.open_chat_stream(replica.url, body)
+            except UpstreamError as exc:
+                metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
+                raise
+
+        return await with_failover(
+            self.policy,
+            self.pool,
+            prepared.tenant,
+            prepared.session,
+            attempt,
+            max_attempts=self.config.max_attempts,
+            hints=hints,
+        )
+
+    async def open_compacted(
+        self, prepared: Prepared, rendered: Transcript, refusal: UpstreamError, hints: RouteHints
+    ) -> tuple[Replica, ChatStream, int]:
+        """The upstream refused the context as too long: walk CliffCompaction's ladder over
+        the rendering, retrying with each smaller rung until one is accepted."""
+        # The threshold only decides unforced compactions; the ladder ignores it.
+        ladder = Cliff(threshold=UNBOUNDED_TOKENS).compact_for_overflow(rendered)
+        for rung in ladder:
+            metrics.OVERFLOW_RETRIES.inc()
+            prepared.overflow_retries += 1
+            try:
+                replica, stream = await self.open(
+                    prepared, self.body(prepared, rung.transcript), hints
+                )
+            except UpstreamError as exc:
+                if not context_too_long(exc):
+                    raise
+                refusal = exc
+                continue
+            prepared.stats = rung.stats
+            tokens = sum(estimate_tokens(m) for m in rung.transcript.messages)
+            self.guard.rendered((prepared.tenant, prepared.session), tokens, compacted=False)
+            return replica, stream, tokens
+        raise refusal

@@ -1,0 +1,114 @@
+"""Render: the request's strategy over its history, with the session's renderer cache.
+
+Renderers are pure (``gateway.fold``); what one keeps between a session's requests (its
+``cache``: the compressed prefix before the chunk boundary) lives here, per (tenant,
+session, branch, strategy), in an LRU bounded by the rendered text it holds. Beside it the
+cache entry keeps how much rewrite re-prefill the session has already reported, so the
+metric counts each rewrite once, when the renderer takes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway import metrics
+from gateway.byte_lru import ByteLRU
+from gateway.config import GatewayConfig
+from gateway.context_guard import ContextGuard
+from gateway.dialects.errors import DialectError
+from gateway.fold import make_renderer
+from gateway.fold.renderer import Renderer
+from gateway.request_cache import BYTES_PER_TOKEN
+from gateway.steps.ingest import Prepared
+from gateway.transcript import Transcript
+
+
+def fold_options(strategy: str, fold: str) -> dict[str, str]:
+    """``make_renderer`` options for ReFold's fold mode (only a strategy with refold takes it)."""
+    return {"fold": fold} if "refold" in strategy.split("+") else {}
+
+
+@dataclass(frozen=True, slots=True)
+class _SessionRender:
+    cache: Any  # the renderer's own
+    reprefill_tokens: int  # rewrite re-prefill already counted in the metric
+
+
+class Render:
+    def __init__(
+        self, config: GatewayConfig, guard: ContextGuard, pressure: Callable[[], float]
+    ) -> None:
+        self.config = config
+        self.guard = guard
+        self.pressure = pressure
+        self._renderers: dict[str, Renderer] = {}
+        self._sessions: ByteLRU[_SessionRender] = ByteLRU("render", config.render_cache_bytes)
+
+    def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
+        """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
+        config's and only matters when the strategy contains refold. An unknown strategy or
+        fold mode is the client's error (a 400 naming the header)."""
+        fold = fold or self.config.fold
+        key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
+        if key not in self._renderers:
+            try:
+                self._renderers[key] = make_renderer(
+                    strategy,
+                    k=self.config.k,
+                    budget=self.config.budget,
+                    **fold_options(strategy, fold),
+                )
+            except ValueError as exc:
+                header = self.config.strategy_header
+                if "fold mode" in str(exc):
+                    header = self.config.fold_header
+                raise DialectError(str(exc), param=header) from exc
+        return self._renderers[key]
+
+    def __call__(self, prepared: Prepared) -> tuple[Transcript, int]:
+        """The rendered transcript and its token estimate."""
+        session = (prepared.tenant, prepared.session)
+        renderer = self.guard.renderer(
+            session, prepared.strategy, prepared.transcript, prepared.fold
+        ) or self.renderer(prepared.strategy, prepared.fold)
+        # The branch the history is (or will be) stored on; a new one starts without a cache.
+        branch = prepared.branch if prepared.branch is not None else prepared.found.branch
+        key = (prepared.tenant, prepared.session, branch, prepared.strategy)
+        kept = self._sessions.get(key) if branch is not None else None
+        started = time.perf_counter()
+        prepared.pressure = self.pressure()
+        rendered = renderer.render(
+            prepared.transcript.with_messages(prepared.history),
+            replace(prepared.state, pressure=prepared.pressure),
+            kept.cache if kept is not None else None,
+        )
+        metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
+        stats = rendered.stats
+        metrics.STUBS.inc(stats.stubs)
+        metrics.FOLDS.inc(stats.folded_steps)
+        metrics.RENDER_TOKENS.labels(kind="added").inc(stats.overhead_tokens)
+        metrics.RENDER_TOKENS.labels(kind="removed_by_stubs").inc(stats.stub_saved_tokens)
+        metrics.RENDER_TOKENS.labels(kind="removed_by_folds").inc(stats.fold_saved_tokens)
+        # Rewrites are counted once, when the session's renderer takes them.
+        reprefill = stats.reprefill_tokens - (kept.reprefill_tokens if kept is not None else 0)
+        if reprefill > 0:
+            metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
+        prepared.stats = stats
+        tokens = prepared.memo.tokens(rendered.transcript.messages)
+        prepared.render_cache = (_SessionRender(rendered.cache, stats.reprefill_tokens), tokens)
+        if prepared.branch is not None:
+            self.keep(prepared)
+        self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
+        return rendered.transcript, tokens
+
+    def keep(self, prepared: Prepared) -> None:
+        """Keep the request's renderer cache for the session's next request, under the
+        branch its history was stored on (``commit``): a request the upstream never
+        accepted leaves the session's cache as it was."""
+        if prepared.render_cache is not None and prepared.branch is not None:
+            entry, tokens = prepared.render_cache
+            key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
+            self._sessions.put(key, entry, tokens * BYTES_PER_TOKEN)
