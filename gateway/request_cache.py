@@ -208,7 +208,7 @@ def _digest_message(h: xxhash.xxh3_64, message: Any) -> None:
 def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str) -> list[Any]:
     """What a request says about its session, for ``DecodeCache.decode``'s key."""
     # The fields ``identity.resolve_session`` reads (Claude Code's session is in metadata).
-    fields = ("prompt_cache_key", "user", "metadata")
+    fields = ("prompt_cache_key", "metadata")
     return [headers.get(header), *(repr(body.get(k)) for k in fields)]
 
 
