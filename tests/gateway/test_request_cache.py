@@ -230,8 +230,11 @@ def test_sessions_are_kept_apart_and_the_cache_is_bounded_by_bytes() -> None:
 
 
 def test_session_ids_name_what_the_request_says() -> None:
-    ids = session_ids({"x-session-id": "s1"}, {"user": "u"}, "x-session-id")
-    assert ids[0] == "s1" and "'u'" in ids
+    body = {"prompt_cache_key": "k", "metadata": {"session_id": "m"}, "user": "u"}
+    ids = session_ids({"x-session-id": "s1"}, body, "x-session-id")
+    assert ids[0] == "s1" and "'k'" in ids and any("'m'" in i for i in ids[1:])
+    # OpenAI's ``user`` names an end user, not a session: it is not part of the key.
+    assert not any("'u'" in i for i in ids[1:])
 
 
 def test_memo_gives_what_the_functions_give() -> None:
