@@ -197,10 +197,16 @@ def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dic
 
 
 def _make_pool(config: GatewayConfig) -> ReplicaPool:
+    probe = {
+        "probe_interval_s": config.probe_interval_s,
+        "breaker_failures": config.breaker_failures,
+        "breaker_open_s": config.breaker_open_s,
+        "breaker_max_open_s": config.breaker_max_open_s,
+    }
     if config.replica_dns:
         host, _, port = config.replica_dns.rpartition(":")
-        return ReplicaPool(dns_name=host, port=int(port), probe_interval_s=config.probe_interval_s)
-    return ReplicaPool(config.replicas, probe_interval_s=config.probe_interval_s)
+        return ReplicaPool(dns_name=host, port=int(port), **probe)
+    return ReplicaPool(config.replicas, **probe)
 
 
 async def _released(stream: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:

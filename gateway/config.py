@@ -71,6 +71,13 @@ class GatewayConfig:
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
+    breaker_failures: int = 3
+    """Failed requests in a row (connection error, 5xx, no first chunk) that take a replica
+    out; one failure does not."""
+    breaker_open_s: float = 5.0
+    """Seconds a replica stays out before trial requests (one at a time) may bring it back;
+    each failed trial doubles it, up to ``breaker_max_open_s``."""
+    breaker_max_open_s: float = 60.0
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
 
@@ -101,7 +108,15 @@ def _from_env(name: str, raw: str) -> Any:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name == "tenants":
         return json.loads(raw)
-    if name in {"k", "budget", "max_body_bytes", "max_restores", "max_attempts", "max_concurrency"}:
+    if name in {
+        "k",
+        "budget",
+        "max_body_bytes",
+        "max_restores",
+        "max_attempts",
+        "max_concurrency",
+        "breaker_failures",
+    }:
         return int(raw)
     if name == "ui":
         return raw.strip().lower() in {"1", "true", "yes", "on"}

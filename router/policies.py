@@ -323,8 +323,9 @@ class Profile:
 
 
 def candidates(pool: ReplicaPool, exclude: Collection[str]) -> list[Replica]:
-    """Filter step: healthy replicas not excluded (URLs already tried by failover)."""
-    found = [r for r in pool.healthy() if r.url not in exclude]
+    """Filter step: routable replicas (probes pass, breaker admits) not excluded (URLs
+    already tried by failover)."""
+    found = [r for r in pool.routable() if r.url not in exclude]
     if not found:
         raise NoHealthyReplica(
             f"no healthy replica among {len(pool.replicas)} (excluded: {sorted(exclude)})"
