@@ -27,9 +27,9 @@ from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from gateway.quotas import Lease, QuotaExceeded
 from gateway.sessions_api import sessions_router
-from gateway.tenants import check_key_hashes
+from gateway.tenants import check_key_hashes, routing_policies
 from gateway.upstream import UpstreamClient, UpstreamError
-from router import NoHealthyReplica, ReplicaPool, get_preset, make_policy
+from router import NoHealthyReplica, ReplicaPool, get_preset, make_tenant_policy
 from store import SessionTooLarge, StoreUnavailable, open_store
 
 log = logging.getLogger("foldgate")
@@ -60,8 +60,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         upstream = UpstreamClient(
             config.connect_timeout_s, config.upstream_timeout_s, config.upstream_idle_timeout_s
         )
-        policy = make_policy(
-            config.policy,
+        policy = make_tenant_policy(
+            *routing_policies(config.tenants, config.policy),
             assignments=store,
             ttl_s=config.assignment_ttl_s,
             rehome_margin=config.rehome_margin,

@@ -87,6 +87,7 @@ class Prepared:
     branch: int
     strategy: str
     fold: str  # ReFold's fold mode for this request ("auto", "on", "off")
+    budget: int | None  # the tenant's token budget; None: the gateway's
     transcript: Transcript
     history: list[Message]
     state: RenderState
@@ -148,17 +149,22 @@ class Pipeline:
         if self._accounting:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
-    def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
+    def renderer(
+        self, strategy: str, fold: str | None = None, budget: int | None = None
+    ) -> Renderer:
         """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
-        config's and only matters when the strategy contains refold."""
+        config's and only matters when the strategy contains refold; ``budget`` (a tenant's)
+        to the config's."""
         fold = fold or self.config.fold
+        budget = self.config.budget if budget is None else budget
         key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
+        key = f"{key}@{budget}"
         if key not in self._renderers:
             try:
                 self._renderers[key] = make_renderer(
                     strategy,
                     k=self.config.k,
-                    budget=self.config.budget,
+                    budget=budget,
                     **_fold_options(strategy, fold),
                 )
             except ValueError as exc:
@@ -244,7 +250,7 @@ class Pipeline:
             or self.config.tenant_fold.get(tenant)
             or self.config.fold
         )
-        self.renderer(strategy, fold)
+        self.renderer(strategy, fold, settings.budget)
         await self.quotas.admit_prompt(tenant, session, request.tokens)
         stored = await self.store.ingest(
             tenant, session, request.stored, max_bytes=settings.session_bytes
@@ -256,6 +262,7 @@ class Pipeline:
             branch=stored.branch_id,
             strategy=strategy,
             fold=fold,
+            budget=settings.budget,
             transcript=transcript,
             history=history,
             state=RenderState(restored=frozenset(restored)),
@@ -274,9 +281,13 @@ class Pipeline:
 
     def render(self, prepared: Prepared) -> tuple[Transcript, int]:
         session = (prepared.tenant, prepared.session)
-        renderer = self.guard.renderer(
-            session, prepared.strategy, prepared.transcript, prepared.fold
-        ) or self.renderer(prepared.strategy, prepared.fold)
+        # A tenant's own budget replaces the guard's window-derived one.
+        guarded = (
+            self.guard.renderer(session, prepared.strategy, prepared.transcript, prepared.fold)
+            if prepared.budget is None
+            else None
+        )
+        renderer = guarded or self.renderer(prepared.strategy, prepared.fold, prepared.budget)
         key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
         started = time.perf_counter()
         prepared.pressure = self.pressure()

@@ -131,7 +131,8 @@ async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url,
     print(f"\nrequests_per_minute=6 over two gateway processes: {rates}")
     print(f"sessions=2 over two gateway processes (a, b, c, a): {sessions}")
     assert rates == [200] * 6 + [429] * 4
-    assert refused.status_code == 429
+    assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.json()["type"] == "error"  # Anthropic's shape, from the second process
     assert "limit of 6 requests per minute" in refused.json()["error"]["message"]
     assert sessions == [200, 200, 429, 200]
     async with store_at(redis_url) as store:
@@ -150,14 +151,21 @@ async def test_429_in_each_dialect_shape_with_retry_after(gateway_with_fake, cli
         anthropic = await client.post(
             f"{url}/v1/messages", json={**chat("a"), "max_tokens": 8}, headers=headers
         )
+        responses = await client.post(
+            f"{url}/v1/responses",
+            json={"model": "m", "input": "a", "stream": True},
+            headers=headers,
+        )
         assert len(fake.requests) == 1
     assert first.status_code == 200
-    for resp in (openai, anthropic):
+    for resp in (openai, anthropic, responses):
         assert resp.status_code == 429
         assert 1 <= int(resp.headers["retry-after"]) <= 60
-    error = openai.json()["error"]
-    assert error["type"] == "rate_limit_error" and "requests per minute" in error["message"]
-    assert set(error) == {"message", "type", "param", "code"}
+    for resp in (openai, responses):
+        error = resp.json()["error"]
+        assert error["type"] == "rate_limit_error" and "requests per minute" in error["message"]
+        assert error["code"] == "rate_limit_exceeded"
+        assert set(error) == {"message", "type", "param", "code"}
     body = anthropic.json()
     assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
 
