@@ -314,7 +314,9 @@ def test_prefix_property_and_cache_equality_as_the_history_grows(case: Case) -> 
     cache, previous, previous_rewrites = None, None, 0
     for end in range(1, len(case.history.messages) + 1):
         part = case.history.with_messages(case.history.messages[:end])
-        state = replace(case.state, restored=frozenset(i for i in case.state.restored if i < end))
+        state = replace(
+            case.state, restored=frozenset(i for i in case.state.restored if i < end)
+        )
         warm = r.render(part, state, cache)
         cold = r.render(part, state)
         assert warm.transcript == cold.transcript and warm.stats == cold.stats

@@ -246,7 +246,6 @@ async def test_charges_hold_their_limits_across_stores(
     a, b = make_store(), make_store()
     minute = 60.0
     try:
-
         def take(tokens: int) -> list[Charge]:
             return [Charge("req", 1, 3, minute), Charge("tok", tokens, 100, minute)]
 
@@ -287,7 +286,9 @@ async def test_session_count_limit(store: SessionStore, tenant: str) -> None:
     await store.ingest(tenant, "b", history(2))
     req = [Charge("req", 1)]
     assert await store.charge(tenant, req, session="a", max_sessions=2) is None  # a live one
-    assert await store.charge(tenant, req, session="c", max_sessions=2) == Refusal("sessions", 2, 2)
+    assert await store.charge(tenant, req, session="c", max_sessions=2) == Refusal(
+        "sessions", 2, 2
+    )
     assert await store.charge(tenant, req, session="c", max_sessions=3) is None
     await store.delete_session(tenant, "b")
     assert await store.charge(tenant, req, session="c", max_sessions=2) is None
