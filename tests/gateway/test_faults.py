@@ -12,17 +12,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,10 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import DEFAULT_TENANT, GatewayConfig
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
-from tests.gateway.conftest import free_port, running_gateway, store_at
+from tests.gateway.conftest import free_port, gateway_process, running_gateway, store_at
 from tests.store.redis_server import RedisServer
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_redis_server = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs a local redis-server binary to kill"
 )
@@ -235,40 +229,6 @@ async def test_redis_sigkilled_during_8_sessions_loses_no_acknowledged_turn(tmp_
 # --- a gateway process SIGKILLed and started again ------------------------------------
 
 
-@asynccontextmanager
-async def gateway_process(config: GatewayConfig, port: int) -> AsyncIterator[subprocess.Popen]:
-    """``foldgate serve`` as its own process on ``port``, ready when the block starts (the
-    serve command itself: the whole CLI would import the offline wing too)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "FOLDGATE_STORE_URL": str(config.store_url),
-        "FOLDGATE_REPLICAS": ",".join(config.replicas),
-        "FOLDGATE_PROBE_INTERVAL_S": "0.5",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from gateway.serve import serve; serve()", f"--port={port}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        async with httpx.AsyncClient() as probe:
-            for _ in range(400):
-                assert proc.poll() is None, f"the gateway exited with {proc.returncode}"
-                try:
-                    if (await probe.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(10)
-
-
 async def requests_counted(store_url: str, sessions: list[str], n: int) -> None:
     """Wait (5 s at most) until each session's request counter says ``n``."""
     async with store_at(store_url) as store:
@@ -282,7 +242,7 @@ async def requests_counted(store_url: str, sessions: list[str], n: int) -> None:
     raise AssertionError(f"request counters {counts}, expected {n} each")
 
 
-async def test_sessions_continue_from_the_store_after_a_gateway_restart(redis_url):
+async def test_sessions_continue_from_the_store_after_a_gateway_restart(redis_url, tmp_path):
     """Redis: the deployment where gateway processes come and go (a SQLite gateway that
     restarts reopens its file, which the store contract tests cover)."""
     store_url = redis_url
@@ -307,7 +267,7 @@ async def test_sessions_continue_from_the_store_after_a_gateway_restart(redis_ur
 
     try:
         async with httpx.AsyncClient(timeout=30) as client:
-            async with gateway_process(config, port) as first:
+            async with gateway_process(config, tmp_path, port) as (_, first):
                 for step in range(3):
                     for name, dialect in zip(names, DIALECTS, strict=True):
                         resp = await turn(client, name, dialect, f"{name} step {step}")
@@ -316,7 +276,7 @@ async def test_sessions_continue_from_the_store_after_a_gateway_restart(redis_ur
                 await requests_counted(store_url, names, 3)
                 first.send_signal(signal.SIGKILL)
                 first.wait(10)
-            async with gateway_process(config, port):
+            async with gateway_process(config, tmp_path, port):
                 for name, dialect in zip(names, DIALECTS, strict=True):
                     await turn(client, name, dialect, f"{name} step 3")
                 # a reply kept by the killed process continues in the new one

@@ -4,15 +4,10 @@ two gateway processes)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
-from contextlib import asynccontextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 from aiohttp import web
@@ -21,9 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
 from store import NotFound
-from tests.gateway.conftest import free_port, running_gateway, store_at
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.gateway.conftest import gateway_process, running_gateway, store_at
 
 
 def chat(text: str, **extra) -> dict:
@@ -41,52 +34,6 @@ async def away_from_the_minute_turn() -> None:
     into = time.time() % 60
     if into > 45:
         await asyncio.sleep(60 - into + 0.1)
-
-
-@asynccontextmanager
-async def gateway_process(config_toml: str, tmp_path: Path):
-    """A second gateway, as its own process (``foldgate serve``), on the same store."""
-    path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
-    path.write_text(config_toml)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    serve = ["serve", "--config", str(path), "--port", str(port)]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from gateway.cli import main; main()", *serve],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as probe:
-            for _ in range(200):
-                if proc.poll() is not None:
-                    raise RuntimeError(proc.stdout.read().decode())  # type: ignore[union-attr]
-                try:
-                    if (await probe.get(f"{url}/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def toml(config: GatewayConfig) -> str:
-    lines = [
-        f"store_url = {json.dumps(config.store_url)}",
-        f"replicas = {json.dumps(list(config.replicas))}",
-        "probe_interval_s = 0.5",
-        "[api_keys]",
-        *(f"{json.dumps(h)} = {json.dumps(t)}" for h, t in config.api_keys.items()),
-    ]
-    for tenant, settings in config.tenants.items():
-        lines.append(f"[tenants.{json.dumps(tenant)}]")
-        lines += [f"{name} = {json.dumps(value)}" for name, value in settings.items()]
-    return "\n".join(lines) + "\n"
 
 
 async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url, tmp_path):
@@ -114,7 +61,7 @@ async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url,
         await away_from_the_minute_turn()
         async with (
             running_gateway(config) as first,
-            gateway_process(toml(config), tmp_path) as second,
+            gateway_process(config, tmp_path) as (second, _),
             httpx.AsyncClient(timeout=30) as client,
         ):
             rates = [
