@@ -226,6 +226,35 @@ async def test_redis_sigkilled_during_8_sessions_loses_no_acknowledged_turn(tmp_
     assert outage, "the outage refused no request: Redis was not down while sessions ran"
 
 
+@needs_redis_server
+async def test_redis_lost_while_a_reply_is_kept_is_a_503_not_a_502(tmp_path):
+    """A non-streaming Responses reply is kept in the store before it is answered; Redis
+    dies meanwhile: nothing reached the client, so the answer is the outage's own 503 with
+    Retry-After, and it names no internal address."""
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    # a reply that takes a while to stream, so Redis can die after the history was stored
+    slow = ScriptedReply("x" * 64, chunk_delay_s=0.05)
+    fake = await FakeUpstream(default=slow).start()
+    config = GatewayConfig(store_url=redis.url, replicas=(fake.url,), probe_interval_s=0.5)
+    try:
+        async with running_gateway(config) as url, httpx.AsyncClient(timeout=30) as client:
+            request = asyncio.create_task(
+                client.post(f"{url}/v1/responses", json={"model": "m", "input": "keep me"})
+            )
+            while not fake.requests:
+                await asyncio.sleep(0.01)
+            redis.kill()
+            resp = await request
+    finally:
+        await fake.stop()
+        redis.stop()
+    assert resp.status_code == 503, resp.text
+    assert int(resp.headers["retry-after"]) >= 1
+    assert RESPONSES.error(resp.json())["type"] == "overloaded_error"
+    assert "127.0.0.1" not in resp.text
+
+
 # --- a gateway process SIGKILLed and started again ------------------------------------
 
 
