@@ -31,9 +31,9 @@ from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from gateway.quotas import Lease, QuotaExceeded
 from gateway.sessions_api import sessions_router
-from gateway.tenants import check_key_hashes
+from gateway.tenants import check_key_hashes, routing_policies
 from gateway.upstream import UpstreamClient, UpstreamError
-from router import NoHealthyReplica, ReplicaPool, get_preset, make_policy
+from router import NoHealthyReplica, ReplicaPool, get_preset, make_tenant_policy
 from store import SessionTooLarge, StoreUnavailable, open_store
 
 log = logging.getLogger("foldgate")
@@ -68,8 +68,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         upstream = UpstreamClient(
             config.connect_timeout_s, config.upstream_timeout_s, config.upstream_idle_timeout_s
         )
-        policy = make_policy(
-            config.policy,
+        policy = make_tenant_policy(
+            *routing_policies(config.tenants, config.policy),
             assignments=store,
             ttl_s=config.assignment_ttl_s,
             rehome_margin=config.rehome_margin,
@@ -230,10 +230,16 @@ def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dic
 
 
 def _make_pool(config: GatewayConfig) -> ReplicaPool:
+    probe = {
+        "probe_interval_s": config.probe_interval_s,
+        "breaker_failures": config.breaker_failures,
+        "breaker_open_s": config.breaker_open_s,
+        "breaker_max_open_s": config.breaker_max_open_s,
+    }
     if config.replica_dns:
         host, _, port = config.replica_dns.rpartition(":")
-        return ReplicaPool(dns_name=host, port=int(port), probe_interval_s=config.probe_interval_s)
-    return ReplicaPool(config.replicas, probe_interval_s=config.probe_interval_s)
+        return ReplicaPool(dns_name=host, port=int(port), **probe)
+    return ReplicaPool(config.replicas, **probe)
 
 
 async def _released(stream: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:

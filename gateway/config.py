@@ -77,6 +77,13 @@ class GatewayConfig:
     render_cache_bytes: int = 128 * 1024 * 1024
     """Rendered text the per-session renderer caches keep, counted as ``decode_cache_bytes``.
     A renderer keeps more than its text (ReFold's dedup index: ~5x, ``bench/memory.py``)."""
+    breaker_failures: int = 3
+    """Failed requests in a row (connection error, 5xx, no first chunk) that take a replica
+    out; one failure does not."""
+    breaker_open_s: float = 5.0
+    """Seconds a replica stays out before trial requests (one at a time) may bring it back;
+    each failed trial doubles it, up to ``breaker_max_open_s``."""
+    breaker_max_open_s: float = 60.0
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
     debug: bool = False
@@ -110,7 +117,14 @@ def _from_env(name: str, raw: str) -> Any:
         return dict(pair.split("=", 1) for pair in raw.split(",") if pair)
     if name == "tenants":
         return json.loads(raw)
-    if name in {"k", "budget", "max_restores", "max_attempts", "max_concurrency"}:
+    if name in {
+        "k",
+        "budget",
+        "max_restores",
+        "max_attempts",
+        "max_concurrency",
+        "breaker_failures",
+    }:
         return int(raw)
     if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds
         return int(raw)

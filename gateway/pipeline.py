@@ -83,9 +83,11 @@ class Pipeline:
         if self._accounting:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
-    def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
-        """The renderer for ``strategy`` (and ReFold's ``fold`` mode)."""
-        return self.render.renderer(strategy, fold)
+    def renderer(
+        self, strategy: str, fold: str | None = None, budget: int | None = None
+    ) -> Renderer:
+        """The renderer for ``strategy`` (ReFold's ``fold`` mode, a tenant's ``budget``)."""
+        return self.render.renderer(strategy, fold, budget)
 
     def pressure(self) -> float:
         """KV pressure for pricing ReFold's rewrites: the mean ``kv_cache_usage_perc`` of the
@@ -133,7 +135,8 @@ class Pipeline:
             or self.config.tenant_fold.get(tenant)
             or self.config.fold
         )
-        self.render.renderer(strategy, fold)  # an unknown strategy is a 400 before any I/O
+        # An unknown strategy is a 400 before any I/O.
+        self.render.renderer(strategy, fold, settings.budget)
         await self.quotas.admit_prompt(tenant, session, request.tokens)
         return await ingest(
             self.store,
@@ -144,6 +147,7 @@ class Pipeline:
             fold=fold,
             stream=bool(body.get("stream")),
             max_bytes=settings.session_bytes,
+            budget=settings.budget,
         )
 
     # -- render, route, forward --------------------------------------------------------

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway import session_view
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError, openai_error_body
+from gateway.fold.renderer import Renderer
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
 from store import NotFound, StoreUnavailable
@@ -70,8 +71,13 @@ def sessions_router(
             number = _int_param(request, "request", required=True)
             branch = _int_param(request, "branch", required=False)
             p = pipeline()
+            budget = p.tenants.settings(tenant).budget
+
+            def renderer_for(strategy: str, fold: str) -> Renderer:
+                return p.renderer(strategy, fold, budget)
+
             return await session_view.request_view(
-                p.store, p.renderer, tenant, _known(session_id), number, branch
+                p.store, renderer_for, tenant, _known(session_id), number, branch
             )
 
         return await answer(request, build)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gateway.fold import STRATEGIES
+from router import POLICY_NAMES
 
 KEY_HASH_PREFIX = "sha256:"
 _KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
@@ -64,6 +65,10 @@ class TenantSettings:
     every tenant without its own table). None: the gateway's default, or no limit."""
 
     strategy: str | None = None
+    budget: int | None = None
+    """Token budget of the cliff strategies; set, it replaces the context guard's."""
+    policy: str | None = None
+    """Routing policy of the tenant's sessions (``sticky``, ``round_robin``, ...)."""
     upstream_fields: frozenset[str] = frozenset()
     """Guarded vLLM fields (``priority``, ``kv_transfer_params``) this tenant may send."""
     requests_per_minute: int | None = None
@@ -92,7 +97,12 @@ class TenantSettings:
                 f"tenants.{tenant}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
                 " or a composition of them ('refold+cliff')"
             )
-        for name in known - {"strategy", "upstream_fields"}:
+        policy = values.get("policy")
+        if policy is not None and policy not in POLICY_NAMES:
+            raise ValueError(
+                f"tenants.{tenant}.policy: {policy!r} is not one of {', '.join(POLICY_NAMES)}"
+            )
+        for name in known - {"strategy", "policy", "upstream_fields"}:
             value = values.get(name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
@@ -107,6 +117,26 @@ class TenantSettings:
         return cls(**values)
 
 
+def parse_tenants(
+    table: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, TenantSettings], TenantSettings]:
+    """The config's ``tenants`` table: each tenant's own settings, and those of every
+    tenant without a table of its own (``"*"``)."""
+    settings = {t: TenantSettings.parse(t, raw) for t, raw in table.items()}
+    return settings, settings.pop(ANY_TENANT, TenantSettings())
+
+
+def routing_policies(
+    table: Mapping[str, Mapping[str, Any]], default: str
+) -> tuple[str, dict[str, str]]:
+    """The routing policy of tenants without a table of their own (``"*"``'s, else
+    ``default``), and each tenant's whose policy differs from that one."""
+    own, anyone = parse_tenants(table)
+    fallback = anyone.policy or default
+    chosen = {tenant: settings.policy or default for tenant, settings in own.items()}
+    return fallback, {tenant: name for tenant, name in chosen.items() if name != fallback}
+
+
 class Tenants:
     """Settings by tenant, and each tenant's cache salt.
 
@@ -114,11 +144,8 @@ class Tenants:
     keep apart); client-sent salts are dropped all the same.
     """
 
-    def __init__(
-        self, table: Mapping[str, Mapping[str, Any]], salt_secret: bytes | None
-    ) -> None:
-        self._settings = {t: TenantSettings.parse(t, raw) for t, raw in table.items()}
-        self._default = self._settings.pop(ANY_TENANT, TenantSettings())
+    def __init__(self, table: Mapping[str, Mapping[str, Any]], salt_secret: bytes | None) -> None:
+        self._settings, self._default = parse_tenants(table)
         self._secret = salt_secret
         self._salts: dict[str, str] = {}
 

@@ -20,6 +20,7 @@ from router.policies import (
 )
 from router.pool import ReplicaPool
 from router.replica import Replica
+from router.tenant_policies import TenantPolicies, make_tenant_policy
 
 __all__ = [
     "COST_PRESETS",
@@ -39,9 +40,11 @@ __all__ = [
     "RouteHints",
     "RoutingPolicy",
     "StickyPolicy",
+    "TenantPolicies",
     "UpstreamFailed",
     "get_preset",
     "make_policy",
+    "make_tenant_policy",
     "parse_vllm_metrics",
     "with_failover",
 ]

@@ -3,6 +3,9 @@
 The gateway wraps its upstream call in `attempt(replica)`. On a connection error or a 5xx
 the attempt raises `UpstreamFailed`, saying whether anything was already sent to the client:
 only then is a retry safe, because a second answer cannot be spliced onto a partial one.
+
+Every outcome goes to the pool, for the replica's circuit breaker: a failure, or a success
+(an answer, a 4xx included: that is the request's fault, and the replica answered it).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ async def with_failover(
     """Route and run `attempt`, retrying retryable failures on replicas not yet tried.
 
     The replica's in-flight count covers the whole attempt, so the attempt should finish
-    streaming before it returns. Every failure is reported to the pool. Raises the last
+    streaming before it returns. Every outcome is reported to the pool. Raises the last
     `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
     ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
     """
@@ -64,14 +67,19 @@ async def with_failover(
         tried.append(replica.url)
         try:
             with replica.track():
-                return await attempt(replica)
+                result = await attempt(replica)
         except UpstreamFailed as exc:
             # A 4xx is the request's fault (e.g. context too long), not the replica's.
-            if not (exc.status is not None and 400 <= exc.status < 500):
+            if exc.status is not None and 400 <= exc.status < 500:
+                pool.report_success(replica)
+            else:
                 pool.report_failure(replica)
             if not exc.retryable:
                 raise
             log.warning("upstream %s failed before first byte: %s", replica.url, exc)
             last = exc
+            continue
+        pool.report_success(replica)
+        return result
     assert last is not None  # the loop only falls through after a retryable failure
     raise last

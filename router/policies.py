@@ -329,8 +329,9 @@ class Profile:
 
 
 def candidates(pool: ReplicaPool, exclude: Collection[str]) -> list[Replica]:
-    """Filter step: healthy replicas not excluded (URLs already tried by failover)."""
-    found = [r for r in pool.healthy() if r.url not in exclude]
+    """Filter step: routable replicas (probes pass, breaker admits) not excluded (URLs
+    already tried by failover)."""
+    found = [r for r in pool.routable() if r.url not in exclude]
     if not found:
         raise NoHealthyReplica(
             f"no healthy replica among {len(pool.replicas)} (excluded: {sorted(exclude)})"
@@ -355,6 +356,11 @@ class RoutingPolicy(ABC):
     # Whether `RouteHints.cached_prefix_tokens` matters to it (the gateway reads the
     # session's accounting for it only then).
     uses_cached_prefix: bool = False
+
+    def policy_for(self, tenant: str) -> RoutingPolicy:
+        """The policy that routes ``tenant``'s requests: this one (``TenantPolicies``
+        hands each tenant to its own)."""
+        return self
 
     async def choose(
         self,

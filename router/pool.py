@@ -2,8 +2,14 @@
 
 Every `probe_interval_s` the pool re-resolves DNS (when configured), then for each replica
 GETs `/health` and, when healthy, scrapes `/metrics`. All HTTP goes through one shared
-aiohttp session. A replica turns unhealthy after `failure_threshold` failed probes in a row,
-or at once when the gateway reports a failed request; one good probe brings it back.
+aiohttp session. A replica turns unhealthy after `failure_threshold` failed probes in a row;
+one good probe brings it back. The outcomes of the gateway's requests, which failover
+reports, go to each replica's circuit breaker (router/breaker.py): repeated failures take
+the replica out, and half-open trial requests bring it back.
+
+`healthy()`: replicas whose probes pass and whose breaker is not open (what the gateway
+can serve with). `routable()`: those a new request may go to now (a half-open replica takes
+one request at a time).
 """
 
 from __future__ import annotations
@@ -12,16 +18,18 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from router.breaker import BreakerState, CircuitBreaker
 from router.metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.replica import Replica
-from router.telemetry import REPLICA_HEALTHY
+from router.telemetry import BREAKER_OPENED, BREAKER_STATE, REPLICA_HEALTHY
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,10 @@ class ReplicaPool:
         probe_interval_s: float = 2.0,
         timeout_s: float = 1.0,
         failure_threshold: int = 2,
+        breaker_failures: int = 3,
+        breaker_open_s: float = 5.0,
+        breaker_max_open_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if bool(urls) == bool(dns_name):
             raise ValueError("ReplicaPool needs exactly one of: replica URLs, dns_name")
@@ -58,7 +70,10 @@ class ReplicaPool:
         normalized = [_normalize_url(u) for u in urls]
         if len(set(normalized)) != len(normalized):
             raise ValueError(f"duplicate replica URLs in {list(urls)!r}")
-        self._replicas: dict[str, Replica] = {u: Replica(u) for u in normalized}
+        self._breaker = (breaker_failures, breaker_open_s, breaker_max_open_s)
+        CircuitBreaker(*self._breaker)  # refuse bad settings now, not at the first replica
+        self._clock = clock
+        self._replicas: dict[str, Replica] = {u: self._new_replica(u) for u in normalized}
         self._dns_name = dns_name
         self._port = port
         self._scheme = scheme
@@ -73,7 +88,19 @@ class ReplicaPool:
         return list(self._replicas.values())
 
     def healthy(self) -> list[Replica]:
-        return [r for r in self._replicas.values() if r.healthy]
+        """Replicas whose probes pass and whose breaker is not open."""
+        now = self._clock()
+        return [
+            r
+            for r in self._replicas.values()
+            if r.healthy and self._breaker_state(r, now) is not BreakerState.OPEN
+        ]
+
+    def routable(self) -> list[Replica]:
+        """Healthy replicas a new request may go to now: a half-open breaker admits one
+        request at a time. (Requests routed concurrently may both see it idle.)"""
+        now = self._clock()
+        return [r for r in self._replicas.values() if r.healthy and self._admits(r, now)]
 
     def get(self, url: str) -> Replica | None:
         return self._replicas.get(url)
@@ -96,8 +123,7 @@ class ReplicaPool:
             await self._session.close()
             self._session = None
         for url in self._replicas:
-            with contextlib.suppress(KeyError):
-                REPLICA_HEALTHY.remove(url)
+            _remove_series(url)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -112,9 +138,18 @@ class ReplicaPool:
         await self.close()
 
     def report_failure(self, replica: Replica) -> None:
-        """The gateway saw a connection error or 5xx: stop routing there until a probe passes."""
-        replica.consecutive_failures += 1
-        self._set_health(replica, False, "request failed")
+        """A request failed at the replica's fault (connection error, 5xx, timeout)."""
+        now = self._clock()
+        before = self._breaker_state(replica, now)
+        replica.breaker.record_failure(now)
+        self._breaker_changed(replica, before)
+
+    def report_success(self, replica: Replica) -> None:
+        """The replica answered a request (a 4xx included: the request's fault)."""
+        now = self._clock()
+        before = self._breaker_state(replica, now)
+        replica.breaker.record_success(now)
+        self._breaker_changed(replica, before)
 
     async def probe_once(self) -> None:
         """One round: refresh DNS membership, then probe every replica concurrently."""
@@ -142,12 +177,13 @@ class ReplicaPool:
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, why = False, f"/health failed: {exc!r}"
         if not ok:
-            replica.consecutive_failures += 1
-            if replica.consecutive_failures >= self._failure_threshold:
+            replica.failed_probes += 1
+            if replica.failed_probes >= self._failure_threshold:
                 self._set_health(replica, False, why)
             return
-        replica.consecutive_failures = 0
+        replica.failed_probes = 0
         self._set_health(replica, True, "/health ok")
+        self._breaker_state(replica, self._clock())  # a cool-down's end shows in the gauge
         replica.metrics = await self._scrape(replica)
 
     async def _scrape(self, replica: Replica) -> ReplicaMetrics | None:
@@ -160,6 +196,41 @@ class ReplicaPool:
             # Unknown load is better than a stale one; routing then sees only in-flight counts.
             log.warning("metrics scrape of %s failed: %r", replica.url, exc)
             return None
+
+    def _admits(self, replica: Replica, now: float) -> bool:
+        before = replica.breaker.state
+        admits = replica.breaker.admits(now, busy=replica.in_flight > 0)
+        self._breaker_changed(replica, before)
+        return admits
+
+    def _breaker_state(self, replica: Replica, now: float) -> BreakerState:
+        before = replica.breaker.state
+        state = replica.breaker.current(now)
+        self._breaker_changed(replica, before)
+        return state
+
+    def _breaker_changed(self, replica: Replica, before: BreakerState) -> None:
+        after = replica.breaker.state
+        if after is before:
+            return
+        if after is BreakerState.OPEN:
+            why = f"for {replica.breaker.cooldown_s:g} s: " + (
+                "the trial request failed"
+                if before is BreakerState.HALF_OPEN
+                else f"{replica.breaker.failures} requests failed in a row"
+            )
+        elif after is BreakerState.HALF_OPEN:
+            why = "cool-down over: one trial request at a time"
+        else:
+            why = "a trial request succeeded"
+        log.warning("replica %s: circuit breaker %s (%s)", replica.url, after.name.lower(), why)
+        BREAKER_STATE.labels(replica=replica.url).set(after)
+        if after is BreakerState.OPEN:
+            BREAKER_OPENED.labels(replica=replica.url).inc()
+
+    def _new_replica(self, url: str) -> Replica:
+        BREAKER_STATE.labels(replica=url).set(BreakerState.CLOSED)
+        return Replica(url, breaker=CircuitBreaker(*self._breaker))
 
     def _set_health(self, replica: Replica, healthy: bool, why: str) -> None:
         if replica.healthy != healthy:
@@ -187,13 +258,18 @@ class ReplicaPool:
         for url in set(self._replicas) - set(urls):
             log.info("replica %s left DNS %s", url, self._dns_name)
             del self._replicas[url]
-            with contextlib.suppress(KeyError):
-                REPLICA_HEALTHY.remove(url)
+            _remove_series(url)
         for url in urls:
             if url not in self._replicas:
                 log.info("replica %s joined via DNS %s", url, self._dns_name)
-                self._replicas[url] = Replica(url)
+                self._replicas[url] = self._new_replica(url)
 
     def _url_for(self, address: str) -> str:
         host = f"[{address}]" if ":" in address else address
         return f"{self._scheme}://{host}:{self._port}"
+
+
+def _remove_series(url: str) -> None:
+    for series in (REPLICA_HEALTHY, BREAKER_STATE, BREAKER_OPENED):
+        with contextlib.suppress(KeyError):
+            series.remove(url)

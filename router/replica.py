@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from router.breaker import CircuitBreaker
 from router.metrics import ReplicaMetrics
 
 
@@ -13,14 +14,17 @@ from router.metrics import ReplicaMetrics
 class Replica:
     """Mutable state of one replica; the pool's prober and the gateway update it in place.
 
-    `healthy` starts False: a replica is not routed to before its first successful probe.
+    `healthy` is what the health probes say, and starts False: a replica is not routed to
+    before its first successful probe. `breaker` is what the gateway's own requests say
+    (router/breaker.py); a replica is routed to when both agree.
     """
 
     url: str
     healthy: bool = False
     metrics: ReplicaMetrics | None = None
-    consecutive_failures: int = 0
+    failed_probes: int = 0  # in a row
     in_flight: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def load(self) -> float:

@@ -23,3 +23,14 @@ REPLICA_HEALTHY = Gauge(
     "1 when the replica passed its last health check, else 0.",
     ["replica"],
 )
+BREAKER_STATE = Gauge(
+    "foldgate_router_breaker_state",
+    "The replica's circuit breaker: 0 closed (routed), 1 half-open (one trial request at a "
+    "time), 2 open (not routed).",
+    ["replica"],
+)
+BREAKER_OPENED = Counter(
+    "foldgate_router_breaker_opened",
+    "Times the replica's circuit breaker opened (failed requests in a row, or a failed trial).",
+    ["replica"],
+)

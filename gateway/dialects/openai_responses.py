@@ -338,17 +338,16 @@ class OpenAIResponses(Dialect):
 
     async def response(self, chunks: Chunks, exchange: Exchange) -> dict[str, Any]:
         writer = ResponseWriter(exchange.body)
-        async for _ in self._events(writer, chunks, exchange):
+        async for _ in self._events(writer, chunks, exchange, streamed=False):
             pass
-        if writer.status == "failed":
-            error = writer.snapshot()["error"]
-            raise DialectError(error["message"], status=502, kind="api_error", code=error["code"])
         return writer.snapshot()
 
     async def _events(
-        self, writer: ResponseWriter, chunks: Chunks, exchange: Exchange
+        self, writer: ResponseWriter, chunks: Chunks, exchange: Exchange, streamed: bool = True
     ) -> AsyncIterator[Event]:
-        """Every event of the reply, ending in exactly one terminal event."""
+        """Every event of the reply, ending in exactly one terminal event. Not ``streamed``,
+        nothing has reached the client: a failure raises, for the error answer it calls for
+        (an upstream's 502, a store outage's 503 with Retry-After)."""
         for event in writer.start():
             yield event
         try:
@@ -365,6 +364,8 @@ class OpenAIResponses(Dialect):
                 ]
                 await exchange.remember(writer.id, reply)
         except Exception as exc:  # the status line is sent: the stream must still end well
+            if not streamed:
+                raise
             log.warning("response %s failed mid-stream: %r", writer.id, exc)
             yield writer.failed(exc)
             return

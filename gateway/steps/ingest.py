@@ -61,6 +61,7 @@ class Prepared:
     stream: bool
     raw_tokens: int
     max_bytes: int | None = None  # the tenant's session size cap
+    budget: int | None = None  # the tenant's token budget; None: the gateway's
     # The gateway's turns in the history (after-index -> raw messages), the history with
     # them in place, and the render state they make.
     turns: dict[int, list[Mapping[str, Any]]] = field(default_factory=dict)

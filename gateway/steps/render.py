@@ -47,18 +47,23 @@ class Render:
         self._renderers: dict[str, Renderer] = {}
         self._sessions: ByteLRU[_SessionRender] = ByteLRU("render", config.render_cache_bytes)
 
-    def renderer(self, strategy: str, fold: str | None = None) -> Renderer:
+    def renderer(
+        self, strategy: str, fold: str | None = None, budget: int | None = None
+    ) -> Renderer:
         """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
-        config's and only matters when the strategy contains refold. An unknown strategy or
-        fold mode is the client's error (a 400 naming the header)."""
+        config's and only matters when the strategy contains refold; ``budget`` (a tenant's)
+        to the config's. An unknown strategy or fold mode is the client's error (a 400
+        naming the header)."""
         fold = fold or self.config.fold
+        budget = self.config.budget if budget is None else budget
         key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
+        key = f"{key}@{budget}"
         if key not in self._renderers:
             try:
                 self._renderers[key] = make_renderer(
                     strategy,
                     k=self.config.k,
-                    budget=self.config.budget,
+                    budget=budget,
                     **fold_options(strategy, fold),
                 )
             except ValueError as exc:
@@ -71,9 +76,13 @@ class Render:
     def __call__(self, prepared: Prepared) -> tuple[Transcript, int]:
         """The rendered transcript and its token estimate."""
         session = (prepared.tenant, prepared.session)
-        renderer = self.guard.renderer(
-            session, prepared.strategy, prepared.transcript, prepared.fold
-        ) or self.renderer(prepared.strategy, prepared.fold)
+        # A tenant's own budget replaces the guard's window-derived one.
+        guarded = (
+            self.guard.renderer(session, prepared.strategy, prepared.transcript, prepared.fold)
+            if prepared.budget is None
+            else None
+        )
+        renderer = guarded or self.renderer(prepared.strategy, prepared.fold, prepared.budget)
         # The branch the history is (or will be) stored on; a new one starts without a cache.
         branch = prepared.branch if prepared.branch is not None else prepared.found.branch
         key = (prepared.tenant, prepared.session, branch, prepared.strategy)

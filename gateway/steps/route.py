@@ -19,6 +19,7 @@ LAST_PROMPT = "last_prompt_tokens"
 def hints(policy: RoutingPolicy, prepared: Prepared, prompt_tokens: int) -> RouteHints:
     """The rendered prompt's size, the session's cached prefix (its last prompt, from the
     branch's counters) when the policy prices moves with it, and its assignment."""
+    policy = policy.policy_for(prepared.tenant)
     cached = prepared.found.counts.get(LAST_PROMPT) if policy.uses_cached_prefix else None
     return RouteHints(
         prompt_tokens=prompt_tokens,
@@ -29,7 +30,9 @@ def hints(policy: RoutingPolicy, prepared: Prepared, prompt_tokens: int) -> Rout
 
 
 def assignment(policy: RoutingPolicy, prepared: Prepared, replica: Replica) -> Assign | None:
-    """The assignment to write with the history: the replica that accepted the request."""
+    """The assignment to write with the history: the replica that accepted the request,
+    when the tenant's policy keeps sessions on replicas."""
+    policy = policy.policy_for(prepared.tenant)
     if not isinstance(policy, AssignedSessionPolicy):
         return None
     return Assign(replica.url, expected=prepared.found.assignment, ttl_s=policy.ttl_s)

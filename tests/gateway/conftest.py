@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -41,6 +47,64 @@ async def running_gateway(config: GatewayConfig) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# A loaded 2-core CI machine can take several seconds to import and start a gateway.
+PROCESS_READY_S = 60.0
+
+
+def config_toml(config: GatewayConfig) -> str:
+    """The config file a gateway process reads: the store, replicas, keys and tenants."""
+    lines = [
+        f"store_url = {json.dumps(config.store_url)}",
+        f"replicas = {json.dumps(list(config.replicas))}",
+        "probe_interval_s = 0.5",
+        "[api_keys]",
+        *(f"{json.dumps(h)} = {json.dumps(t)}" for h, t in config.api_keys.items()),
+    ]
+    for tenant, settings in config.tenants.items():
+        lines.append(f"[tenants.{json.dumps(tenant)}]")
+        lines += [f"{name} = {json.dumps(value)}" for name, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+@asynccontextmanager
+async def gateway_process(
+    config: GatewayConfig, tmp_path: Path, port: int | None = None
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``foldgate serve`` as its own process (the serve command itself: the whole CLI would
+    import the offline wing too); yields its URL and process once ``/health`` answers."""
+    path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(config_toml(config))
+    port = port or free_port()
+    serve = ["-c", "from gateway.serve import serve; serve()", f"--config={path}", f"--port={port}"]
+    proc = subprocess.Popen(
+        [sys.executable, *serve],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + PROCESS_READY_S
+        async with httpx.AsyncClient() as probe:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(proc.stdout.read().decode())  # type: ignore[union-attr]
+                try:
+                    if (await probe.get(f"{url}/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gateway process not ready in {PROCESS_READY_S:g} s")
+                await asyncio.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture

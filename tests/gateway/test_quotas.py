@@ -4,15 +4,10 @@ two gateway processes)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
-from contextlib import asynccontextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 from aiohttp import web
@@ -21,9 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
 from store import NotFound
-from tests.gateway.conftest import free_port, running_gateway, store_at
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.gateway.conftest import gateway_process, running_gateway, store_at
 
 
 def chat(text: str, **extra) -> dict:
@@ -41,52 +34,6 @@ async def away_from_the_minute_turn() -> None:
     into = time.time() % 60
     if into > 45:
         await asyncio.sleep(60 - into + 0.1)
-
-
-@asynccontextmanager
-async def gateway_process(config_toml: str, tmp_path: Path):
-    """A second gateway, as its own process (``foldgate serve``), on the same store."""
-    path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
-    path.write_text(config_toml)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    serve = ["serve", "--config", str(path), "--port", str(port)]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from gateway.cli import main; main()", *serve],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as probe:
-            for _ in range(200):
-                if proc.poll() is not None:
-                    raise RuntimeError(proc.stdout.read().decode())  # type: ignore[union-attr]
-                try:
-                    if (await probe.get(f"{url}/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def toml(config: GatewayConfig) -> str:
-    lines = [
-        f"store_url = {json.dumps(config.store_url)}",
-        f"replicas = {json.dumps(list(config.replicas))}",
-        "probe_interval_s = 0.5",
-        "[api_keys]",
-        *(f"{json.dumps(h)} = {json.dumps(t)}" for h, t in config.api_keys.items()),
-    ]
-    for tenant, settings in config.tenants.items():
-        lines.append(f"[tenants.{json.dumps(tenant)}]")
-        lines += [f"{name} = {json.dumps(value)}" for name, value in settings.items()]
-    return "\n".join(lines) + "\n"
 
 
 async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url, tmp_path):
@@ -114,7 +61,7 @@ async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url,
         await away_from_the_minute_turn()
         async with (
             running_gateway(config) as first,
-            gateway_process(toml(config), tmp_path) as second,
+            gateway_process(config, tmp_path) as (second, _),
             httpx.AsyncClient(timeout=30) as client,
         ):
             rates = [
@@ -131,7 +78,8 @@ async def test_limits_hold_across_two_gateway_processes_sharing_redis(redis_url,
     print(f"\nrequests_per_minute=6 over two gateway processes: {rates}")
     print(f"sessions=2 over two gateway processes (a, b, c, a): {sessions}")
     assert rates == [200] * 6 + [429] * 4
-    assert refused.status_code == 429
+    assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.json()["type"] == "error"  # Anthropic's shape, from the second process
     assert "limit of 6 requests per minute" in refused.json()["error"]["message"]
     assert sessions == [200, 200, 429, 200]
     async with store_at(redis_url) as store:
@@ -150,14 +98,21 @@ async def test_429_in_each_dialect_shape_with_retry_after(gateway_with_fake, cli
         anthropic = await client.post(
             f"{url}/v1/messages", json={**chat("a"), "max_tokens": 8}, headers=headers
         )
+        responses = await client.post(
+            f"{url}/v1/responses",
+            json={"model": "m", "input": "a", "stream": True},
+            headers=headers,
+        )
         assert len(fake.requests) == 1
     assert first.status_code == 200
-    for resp in (openai, anthropic):
+    for resp in (openai, anthropic, responses):
         assert resp.status_code == 429
         assert 1 <= int(resp.headers["retry-after"]) <= 60
-    error = openai.json()["error"]
-    assert error["type"] == "rate_limit_error" and "requests per minute" in error["message"]
-    assert set(error) == {"message", "type", "param", "code"}
+    for resp in (openai, responses):
+        error = resp.json()["error"]
+        assert error["type"] == "rate_limit_error" and "requests per minute" in error["message"]
+        assert error["code"] == "rate_limit_exceeded"
+        assert set(error) == {"message", "type", "param", "code"}
     body = anthropic.json()
     assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
 

@@ -205,6 +205,8 @@ def test_tenant_settings_are_checked_at_startup():
         ({"acme": {"sessions": 0}}, "sessions must be a positive integer"),
         ({"acme": {"strategy": "refol"}}, "'refol' is not one of"),
         ({"acme": {"upstream_fields": ["cache_salt"]}}, "upstream_fields"),
+        ({"acme": {"policy": "random"}}, "'random' is not one of"),
+        ({"acme": {"budget": -5}}, "budget must be a positive integer"),
     ):
         with pytest.raises(ValueError, match=message):
             Tenants(table, None)
@@ -213,3 +215,86 @@ def test_tenant_settings_are_checked_at_startup():
     # salts: one per tenant id, stable, and unguessable without the secret
     assert tenants.cache_salt("acme") == salt("acme") != tenants.cache_salt("acme ")
     assert Tenants({}, b"another secret").cache_salt("acme") != salt("acme")
+
+
+async def test_tenant_defaults_for_budget_and_routing_policy(store_url, client):
+    """acme: cliff at a 300-token budget, round-robin; beta: the gateway's defaults (refold,
+    sticky, no budget); gamma has a table without those keys, so the gateway's too."""
+    from loadtests.fake_upstream import FakeUpstream
+    from tests.gateway.conftest import running_gateway
+
+    keys = {**KEYS, hash_key("key-gamma"): "gamma"}
+    tenants = {
+        "acme": {"strategy": "cliff", "budget": 300, "policy": "round_robin"},
+        "gamma": {"requests_per_minute": 1000},
+    }
+    fakes = [await FakeUpstream().start() for _ in range(2)]
+    config = GatewayConfig(
+        store_url=store_url,
+        replicas=tuple(f.url for f in fakes),
+        probe_interval_s=0.5,
+        **tenant_config(tenants=tenants | {"*": {"policy": "least_loaded"}}, api_keys=keys),
+    )
+    history = []
+    for i in range(12):
+        history += [
+            {"role": "user", "content": f"question {i} " + "word " * 60},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    history.append({"role": "user", "content": "last question"})
+    served: dict[str, list[str]] = {}
+    try:
+        async with running_gateway(config) as url:
+            for name, headers in (
+                ("acme", ACME),
+                ("beta", BETA),
+                ("gamma", {"x-api-key": "key-gamma"}),
+            ):
+                for _ in range(4):
+                    resp = await client.post(
+                        f"{url}/v1/chat/completions",
+                        json={"model": "m", "messages": history},
+                        headers={**headers, "x-session-id": "s"},
+                    )
+                    assert resp.status_code == 200, resp.text
+                    served.setdefault(name, []).append(resp.headers["x-foldgate-replica"])
+                    rendered = int(resp.headers["x-foldgate-prompt-tokens-rendered"])
+                    raw = int(resp.headers["x-foldgate-prompt-tokens-raw"])
+                    assert (rendered < raw / 2) if name == "acme" else rendered >= raw, name
+    finally:
+        for fake in fakes:
+            await fake.stop()
+    assert len(set(served["acme"][:2])) == 2  # round-robin: turns alternate
+    # beta has no table: "*" routes it least-loaded, and idle replicas tie, so they take turns
+    assert len(set(served["beta"][:2])) == 2
+    assert len(set(served["gamma"])) == 1  # the gateway's sticky policy
+
+
+def test_routing_policies_per_tenant_from_the_table():
+    from gateway.tenants import routing_policies
+
+    table = {"a": {"policy": "round_robin"}, "b": {"sessions": 3}, "c": {"policy": "sticky"}}
+    assert routing_policies(table, "sticky") == ("sticky", {"a": "round_robin"})
+    star = {**table, "*": {"policy": "least_loaded"}}
+    # a tenant's own table replaces "*": b and c take the gateway's policy
+    assert routing_policies(star, "sticky") == (
+        "least_loaded",
+        {"a": "round_robin", "b": "sticky", "c": "sticky"},
+    )
+
+
+async def test_a_kept_reply_continues_only_for_its_own_tenant(gateway_with_fake, client):
+    async with gateway_with_fake(**tenant_config()) as (url, fake):
+        kept = await client.post(
+            f"{url}/v1/responses", json={"model": "m", "input": "acme's plan"}, headers=ACME
+        )
+        assert kept.status_code == 200, kept.text
+        reply_id = kept.json()["id"]
+        body = {"model": "m", "input": "go on", "previous_response_id": reply_id}
+        stolen = await client.post(f"{url}/v1/responses", json=body, headers=BETA)
+        own = await client.post(f"{url}/v1/responses", json=body, headers=ACME)
+        sent = [str(r["messages"]) for r in fake.requests]
+    assert stolen.status_code == 400
+    assert stolen.json()["error"]["code"] == "previous_response_not_found"
+    assert own.status_code == 200
+    assert len(sent) == 2 and "acme's plan" in sent[1]  # beta's attempt reached no replica

@@ -60,7 +60,9 @@ async def test_retries_5xx_and_connection_error_on_other_replicas(
             )
         assert tried == [a.url, b.url, c.url] and served_by == c.url
         assert retries() == before + 2
-        assert [r.url for r in pool.healthy()] == [c.url]  # failures were reported
+        # every outcome was reported; one failure does not take a replica out
+        assert [r.breaker.failures_in_a_row for r in pool.replicas] == [1, 1, 0]
+        assert len(pool.healthy()) == 3
         assert all(r.in_flight == 0 for r in pool.replicas)
 
 
@@ -92,7 +94,7 @@ async def test_no_retry_after_bytes_were_sent(fake_replicas: StartReplicas) -> N
         with pytest.raises(UpstreamFailed, match="stream cut"):
             await with_failover(LeastLoadedPolicy(), pool, "t", "s", attempt)
         assert len(tried) == 1
-        assert not pool.get(tried[0]).healthy
+        assert pool.get(tried[0]).breaker.failures_in_a_row == 1
 
 
 async def test_attempts_are_bounded(fake_replicas: StartReplicas) -> None:
@@ -116,11 +118,12 @@ async def test_running_out_of_replicas_raises_the_upstream_error(
 ) -> None:
     (a,) = await fake_replicas(1)
     a.completion_status = 500
-    async with ReplicaPool([a.url], probe_interval_s=60) as pool:
+    async with ReplicaPool([a.url], probe_interval_s=60, breaker_failures=2) as pool:
         async with aiohttp.ClientSession() as http:
-            with pytest.raises(UpstreamFailed, match="500"):
-                await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
-        # With nothing healthy left, no attempt is made at all.
+            for _ in range(2):  # the second failure in a row opens the breaker
+                with pytest.raises(UpstreamFailed, match="500"):
+                    await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
+        # With nothing routable left, no attempt is made at all.
         with pytest.raises(NoHealthyReplica):
             await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
 
@@ -146,3 +149,51 @@ async def test_max_attempts_must_be_positive() -> None:
         await with_failover(
             RoundRobinPolicy(), ReplicaPool(["http://a:1"]), "t", "s", None, max_attempts=0
         )  # type: ignore[arg-type]
+
+
+async def test_a_4xx_counts_as_the_replica_answering(fake_replicas: StartReplicas) -> None:
+    (a,) = await fake_replicas(1)
+    async with ReplicaPool([a.url], probe_interval_s=60, breaker_failures=2) as pool:
+        replica = pool.replicas[0]
+        pool.report_failure(replica)
+
+        async def refused(replica: Replica) -> None:
+            raise UpstreamFailed("context too long", retryable=False, status=400)
+
+        with pytest.raises(UpstreamFailed):
+            await with_failover(RoundRobinPolicy(), pool, "t", "s", refused)
+        assert replica.breaker.failures_in_a_row == 0
+        pool.report_failure(replica)
+        assert pool.routable() == [replica]
+
+
+async def test_a_replica_failing_every_request_is_taken_out_and_tried_again_later(
+    fake_replicas: StartReplicas,
+) -> None:
+    """Requests keep succeeding (failover) while one replica fails each one it gets; after
+    ``breaker_failures`` in a row it gets none until its cool-down ends, then one trial."""
+    good, bad = await fake_replicas(2)
+    bad.completion_status = 500
+    now = [0.0]
+    async with ReplicaPool(
+        [good.url, bad.url],
+        probe_interval_s=60,
+        breaker_failures=2,
+        breaker_open_s=5,
+        clock=lambda: now[0],
+    ) as pool:
+        policy = RoundRobinPolicy()
+        async with aiohttp.ClientSession() as http:
+            served = [
+                await with_failover(policy, pool, "t", "s", http_attempt(http, []))
+                for _ in range(10)
+            ]
+            assert served == [good.url] * 10
+            assert bad.completion_calls == 2  # then its breaker opened
+            now[0] += 5
+            bad.completion_status = 200  # it recovered meanwhile
+            served = [
+                await with_failover(policy, pool, "t", "s", http_attempt(http, []))
+                for _ in range(4)
+            ]
+        assert bad.url in served and pool.get(bad.url).breaker.state == 0

@@ -43,13 +43,13 @@ async def test_failing_health_marks_down_after_threshold_and_recovers(
         replica = pool.replicas[0]
         a.health_status = 503
         await pool.probe_once()
-        assert replica.healthy and replica.consecutive_failures == 1
+        assert replica.healthy and replica.failed_probes == 1
         await pool.probe_once()
         assert not replica.healthy and pool.healthy() == []
         assert health_gauge(a.url) == 0.0
         a.health_status = 200
         await pool.probe_once()
-        assert replica.healthy and replica.consecutive_failures == 0
+        assert replica.healthy and replica.failed_probes == 0
 
 
 async def test_background_probing_notices_a_replica_going_down(
@@ -60,7 +60,7 @@ async def test_background_probing_notices_a_replica_going_down(
         assert len(pool.healthy()) == 2
         await b.stop()  # connections now refused
         await wait_until(lambda: [r.url for r in pool.healthy()] == [a.url])
-        assert pool.get(b.url).consecutive_failures >= 2
+        assert pool.get(b.url).failed_probes >= 2
 
 
 async def test_health_timeout_counts_as_failure(fake_replicas: StartReplicas) -> None:
@@ -80,14 +80,85 @@ async def test_bad_metrics_keep_replica_healthy_with_unknown_load(
         assert replica.healthy and replica.metrics is None and replica.load == 0
 
 
-async def test_reported_failure_marks_down_until_next_probe(fake_replicas: StartReplicas) -> None:
+def breaker_gauge(url: str) -> float | None:
+    return REGISTRY.get_sample_value("foldgate_router_breaker_state", {"replica": url})
+
+
+def breaker_opened(url: str) -> float:
+    return REGISTRY.get_sample_value("foldgate_router_breaker_opened_total", {"replica": url}) or 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_one_failed_request_keeps_the_replica_repeated_ones_open_its_breaker(
+    fake_replicas: StartReplicas,
+) -> None:
     (a,) = await fake_replicas(1)
-    async with ReplicaPool([a.url], probe_interval_s=60, failure_threshold=3) as pool:
+    clock = Clock()
+    async with ReplicaPool(
+        [a.url], probe_interval_s=60, breaker_failures=3, breaker_open_s=5, clock=clock
+    ) as pool:
+        replica = pool.replicas[0]
+        assert breaker_gauge(a.url) == 0
+        pool.report_failure(replica)
+        pool.report_failure(replica)
+        assert pool.routable() == [replica] and pool.healthy() == [replica]
+        pool.report_success(replica)
+        pool.report_failure(replica)
+        pool.report_failure(replica)
+        assert pool.routable() == [replica]
+        pool.report_failure(replica)  # the third in a row
+        assert pool.routable() == [] and pool.healthy() == []
+        assert breaker_gauge(a.url) == 2 and breaker_opened(a.url) == 1
+        await pool.probe_once()  # a passing /health does not close it: requests failed
+        assert pool.routable() == [] and replica.healthy
+
+
+async def test_half_open_trial_request_brings_the_replica_back(
+    fake_replicas: StartReplicas,
+) -> None:
+    (a,) = await fake_replicas(1)
+    clock = Clock()
+    async with ReplicaPool(
+        [a.url], probe_interval_s=60, breaker_failures=1, breaker_open_s=5, clock=clock
+    ) as pool:
         replica = pool.replicas[0]
         pool.report_failure(replica)
-        assert not replica.healthy
+        clock.now += 5
         await pool.probe_once()
-        assert replica.healthy
+        assert breaker_gauge(a.url) == 1  # the probe round shows the cool-down's end
+        with replica.track():  # a trial in flight: nothing else goes there meanwhile
+            assert pool.routable() == [] and pool.healthy() == [replica]
+            pool.report_failure(replica)  # ...and it failed: out for twice as long
+        assert breaker_gauge(a.url) == 2 and replica.breaker.cooldown_s == 10
+        clock.now += 9.9
+        assert pool.routable() == []
+        clock.now += 0.1
+        assert pool.routable() == [replica]
+        pool.report_success(replica)
+        assert breaker_gauge(a.url) == 0 and replica.breaker.cooldown_s == 0
+        with replica.track():
+            assert pool.routable() == [replica]  # closed: any number in flight
+    assert breaker_gauge(a.url) is None  # series removed on close
+
+
+async def test_a_replica_down_by_probes_stays_out_whatever_its_breaker_says(
+    fake_replicas: StartReplicas,
+) -> None:
+    (a,) = await fake_replicas(1)
+    async with ReplicaPool([a.url], probe_interval_s=60, failure_threshold=1) as pool:
+        a.health_status = 503
+        await pool.probe_once()
+        assert pool.routable() == [] and pool.replicas[0].breaker.state == 0
+        a.health_status = 200
+        await pool.probe_once()
+        assert pool.routable() == pool.replicas
 
 
 async def test_dns_discovery_of_replicas(fake_replicas: StartReplicas) -> None:
@@ -120,6 +191,8 @@ async def test_unresolvable_dns_name_gives_an_empty_pool() -> None:
         ({"dns_name": "svc"}, "needs the replicas' port"),
         ({"urls": ["http://a:1"], "probe_interval_s": 0}, "must be positive"),
         ({"urls": ["http://a:1"], "failure_threshold": 0}, "failure_threshold"),
+        ({"urls": ["http://a:1"], "breaker_failures": 0}, "breaker failures"),
+        ({"urls": ["http://a:1"], "breaker_open_s": 90}, "open_s <= max_open_s"),
     ],
 )
 def test_bad_configuration_is_rejected(kwargs: dict, message: str) -> None:

@@ -1,0 +1,51 @@
+from router import (
+    LeastLoadedPolicy,
+    RoundRobinPolicy,
+    StickyPolicy,
+    TenantPolicies,
+    make_tenant_policy,
+)
+from router.policies import CostAwareStickyPolicy
+from tests.router.support import static_pool
+
+
+class NoAssignments:
+    async def get_assignment(self, tenant: str, session: str) -> str | None:
+        return None
+
+    async def set_assignment(self, tenant, session, replica, *, expected, ttl_s) -> str:
+        return replica
+
+
+async def test_each_tenant_is_routed_by_its_own_policy() -> None:
+    pool = static_pool([5, 5, 0])
+    policy = TenantPolicies(LeastLoadedPolicy(), {"rr": RoundRobinPolicy()})
+    rr = [(await policy.choose("rr", "s", pool)).replica.url for _ in range(3)]
+    assert len(set(rr)) == 3
+    least = {(await policy.choose("other", "s", pool)).replica.url for _ in range(3)}
+    assert least == {pool.replicas[2].url}
+
+
+def test_one_policy_unless_tenants_name_others() -> None:
+    options = {"assignments": NoAssignments()}
+    assert isinstance(make_tenant_policy("sticky", {}, **options), StickyPolicy)
+    policy = make_tenant_policy(
+        "sticky", {"a": "round_robin", "b": "round_robin", "c": "sticky"}, **options
+    )
+    assert isinstance(policy, TenantPolicies)
+    assert policy.policy_for("a") is policy.policy_for("b")  # one instance per name
+    assert policy.policy_for("c") is policy.policy_for("zz") is policy.default
+    assert not policy.uses_cached_prefix
+
+
+def test_the_cached_prefix_hint_is_read_when_any_tenant_needs_it() -> None:
+    from router import get_preset
+
+    policy = make_tenant_policy(
+        "round_robin",
+        {"a": "sticky_cost"},
+        assignments=NoAssignments(),
+        cost=get_preset("cpu-tiny"),
+    )
+    assert isinstance(policy.policy_for("a"), CostAwareStickyPolicy)
+    assert policy.uses_cached_prefix
