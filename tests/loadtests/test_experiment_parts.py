@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile
+from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile, select
 from loadtests.results import knee, stages
 from loadtests.sessions import ThinkTime
 from loadtests.vllm_metrics import Histogram, Window, parse
@@ -60,20 +60,44 @@ def test_histogram_quantile_is_the_bound_of_the_bucket_holding_the_rank() -> Non
     assert Histogram({}, 0.0, 0.0).quantile(0.5) is None
 
 
-def test_shipped_profiles_expand_to_their_cells() -> None:
+def test_shipped_profiles_expand_to_their_cells_grouped_by_pool() -> None:
     quick = load_profile("quick")
     names = [c.name for c in quick.cells]
     assert names == [
-        "base_sticky_u5_kv10M",
-        "refold_sticky_u5_kv10M",
-        "base_round-robin_u5_kv10M",
-        "refold_sticky_steps_kv10M",
-        "no-gateway_rr_steps_kv10M",
+        "base_sticky_u5_kv8M",
+        "base_sticky-cost_u5_kv8M",
+        "base_round-robin_u5_kv8M",
+        "base_least-loaded_u5_kv8M",
+        "refold_sticky_steps_kv8M",
+        "no-gateway_rr_steps_kv8M",
+        "base_sticky_u5_kv4M",
+        "refold_sticky_u5_kv4M",
+        "cliff_sticky_u5_kv4M",
     ]
     assert quick.settings.replicas == 2 and quick.settings.step_users == (1, 2, 4, 8)
+    # vLLM refuses a pool smaller than one max-length request
+    assert min(c.kv_cache_bytes for c in quick.cells) >= quick.settings.max_model_len * 512
     full = load_profile("full")
-    assert len(full.cells) == 4 * 3 * 2 * 2 + 4 + 1 + 2
-    assert {c.routing for c in full.cells} == {"sticky", "round_robin", "least_loaded"}
+    assert len(full.cells) == 4 * 4 * 2 * 2 + 4 + 1 + 2
+    assert {c.routing for c in full.cells} == {
+        "sticky", "sticky_cost", "round_robin", "least_loaded"
+    }  # fmt: skip
+    # one replica start per pool: cells of a pool run one after another
+    pools = [c.kv_cache_bytes for c in full.cells]
+    assert len([p for i, p in enumerate(pools) if i == 0 or pools[i - 1] != p]) == len(set(pools))
+
+
+def test_cells_filter_keeps_matching_cells_and_refuses_a_pattern_matching_none() -> None:
+    quick = load_profile("quick")
+    picked = select(quick, ["*_kv4M", "no-gateway_*"])
+    assert [c.name for c in picked.cells] == [
+        "no-gateway_rr_steps_kv8M",
+        "base_sticky_u5_kv4M",
+        "refold_sticky_u5_kv4M",
+        "cliff_sticky_u5_kv4M",
+    ]
+    with pytest.raises(PlanError, match="matches nope"):
+        select(quick, ["base_*", "nope"])
 
 
 def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
