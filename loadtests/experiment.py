@@ -288,7 +288,8 @@ def run_cell(
     row["replica_ready_s"] = round(ready - started, 1)
     row["cell_wall_s"] = round(time.monotonic() - started, 1)
     if cell.load == "steps":
-        row["stages"] = stages(requests, load_user_counts(cell_dir / "locust_stats_history.csv"))
+        counts = load_user_counts(cell_dir / "locust_stats_history.csv")
+        row["stages"] = stages(requests, counts, settings.step_seconds)
         row["knee"] = knee(row["stages"])
     return row
 

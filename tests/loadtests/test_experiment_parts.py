@@ -133,6 +133,12 @@ def test_stages_and_knee_of_a_step_load() -> None:
     assert rows[2]["failed"] == 1
     assert rows[1]["ttft_p50_ms"] == 1180.0  # sent in stage 2: started 112, 113, 118, 124
     assert knee(rows)["users"] == 2
+    # The run stops: users leave (4 -> 3, reported until t=142) and a straggler ends at
+    # 137. Leaving users are no stage; the last stage lasts the shape's 10 s.
+    counts += [(136.0 + t, 3) for t in range(7)]
+    stopped = stages([*requests, req(130, 137)], counts, stage_s=10)
+    assert [(r["users"], r["seconds"]) for r in stopped] == [(1, 10.0), (2, 15.0), (4, 10.0)]
+    assert stopped[2]["session_steps_per_min"] == 12.0
 
 
 def test_think_time_spec() -> None:
