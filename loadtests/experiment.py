@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -336,7 +337,7 @@ def write_rows(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def run_profile(
-    profile: Profile, out: Path, console: Console | None = None
+    profile: Profile, out: Path, console: Console | None = None, command: str | None = None
 ) -> list[dict[str, Any]]:
     console = console or Console(stderr=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -352,6 +353,7 @@ def run_profile(
     )
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
     )  # fmt: skip
@@ -369,7 +371,8 @@ def run_profile(
             write_rows(rows, out)
             progress.advance(task)
     elapsed = time.monotonic() - started
-    write_report(profile, rows, out, elapsed)
+    load_avg = (load_at_start, os.getloadavg()[0])
+    write_report(profile, rows, out, elapsed, load_avg, command)
     return rows
 
 
@@ -441,7 +444,8 @@ def experiment_command(
     # SIGTERM unwinds like Ctrl-C, so every cell's processes are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_profile(profile, out, console)
+        command = shlex.join(["python", "-m", "loadtests.experiment", *sys.argv[1:]])
+        run_profile(profile, out, console, command)
     except ExperimentError as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"wrote {out / 'report.md'}")

