@@ -338,6 +338,7 @@ def write_report(
     facts = model_facts()
     host = machine()
     default_command = f"python -m loadtests.experiment --profile {profile.name}"
+    starts = sum(bool(r.get("fresh_replicas")) for r in rows)
     s = profile.settings
     plot_bars(rows, out / "metrics.png")
     plot_kv_usage(rows, out, out / "kv_usage.png")
@@ -350,8 +351,8 @@ def write_report(
         profile.description.strip(),
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(rows)} cells in "
-        f"{elapsed_s / 60:.1f} min ({sum(bool(r.get('fresh_replicas')) for r in rows)} replica "
-        f"starts). Command: `{command or default_command}`.",
+        f"{elapsed_s / 60:.1f} min (replicas started {starts} time{'' if starts == 1 else 's'})."
+        f" Command: `{command or default_command}`.",
         "",
         "## Where it ran",
         "",
