@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,8 +34,17 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from deploy.cpu.replicas import ReplicaError, free_ports, start_replicas
-from loadtests.plan import DEFAULT_CONFIG, ROOT, Cell, PlanError, Profile, Settings, load_profile
+from deploy.cpu.replicas import ReplicaError, ReplicaSet, free_ports, start_replicas
+from loadtests.plan import (
+    DEFAULT_CONFIG,
+    ROOT,
+    Cell,
+    PlanError,
+    Profile,
+    Settings,
+    load_profile,
+    select,
+)
 from loadtests.report import write_report
 from loadtests.results import knee, load_requests, load_user_counts, stages, summarize
 from loadtests.vllm_metrics import Scrape, Window, scrape_all
@@ -84,7 +94,8 @@ def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> 
     if cell.server == "ray":
         cmd.append("--ray")
     log = (cell_dir / "gateway.log").open("wb")
-    env = {**_env(), "FOLDGATE_HOME": str(cell_dir)}
+    # sticky_cost prices moves with the replicas' cost model: here the tiny CPU model's.
+    env = {**_env(), "FOLDGATE_HOME": str(cell_dir), "FOLDGATE_COST_MODEL": settings.cost_model}
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
@@ -172,39 +183,114 @@ def run_locust(cell: Cell, settings: Settings, host: str, urls: list[str], cell_
             _stop(proc)
 
 
-def run_cell(cell: Cell, settings: Settings, cell_dir: Path, say: Any = print) -> dict[str, Any]:
-    """Run one cell; everything it started is stopped when it returns or raises."""
+def reset_prefix_caches(urls: list[str], timeout_s: float = 60.0) -> bool:
+    """Empty every replica's prefix cache (vLLM's ``/reset_prefix_cache``, served in its dev
+    mode). vLLM refuses while blocks are held (a request of the last cell still finishing
+    its abort), so retry; False when a replica never agreed (or lacks the endpoint)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=10) as client:
+        for url in urls:
+            while True:
+                try:
+                    resp = client.post(f"{url}/reset_prefix_cache")
+                except httpx.HTTPError:
+                    return False
+                if resp.status_code == 404:
+                    return False
+                if resp.status_code == 200 and resp.json().get("success"):
+                    break
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.5)
+    return True
+
+
+class Replicas:
+    """The vLLM-CPU replicas the cells run on.
+
+    A cell whose KV pool differs from the running replicas' (every cell, with
+    ``fresh_replicas``) gets new ones; otherwise the running ones serve it after their
+    prefix cache is reset, so no cell inherits another's cache. Counters and histograms
+    are read as differences over each cell, so a reused replica's earlier cells do not
+    count. Starting two replicas costs most of a minute on a 2-core machine; the reset,
+    well under a second.
+    """
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        self.settings = settings
+        self.out = out
+        self.starts = 0
+        self._running: ReplicaSet | None = None
+        self._pool: int | None = None
+
+    def for_cell(self, cell: Cell, say: Any = print) -> tuple[list[str], bool]:
+        """The replicas' URLs for ``cell`` and whether they were started for it."""
+        running = self._running
+        reusable = running is not None and self._pool == cell.kv_cache_bytes
+        if running is not None and reusable and not self.settings.fresh_replicas:
+            say("resetting the prefix cache")
+            if reset_prefix_caches(running.urls):
+                return running.urls, False
+        self.close()
+        say("starting replicas")
+        log_dir = self.out / "replicas" / f"{self.starts}-kv{cell.kv_cache_bytes // 2**20}M"
+        try:
+            started = start_replicas(
+                self.settings.replicas, ports=free_ports(self.settings.replicas),
+                kv_cache_bytes=cell.kv_cache_bytes, max_model_len=self.settings.max_model_len,
+                block_size=self.settings.block_size, served_name=self.settings.model,
+                log_dir=log_dir, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+            )  # fmt: skip
+        except ReplicaError as exc:
+            raise ExperimentError(f"{cell.name}: {exc}") from exc
+        self._running, self._pool = started, cell.kv_cache_bytes
+        self.starts += 1
+        return started.urls, True
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.stop()
+            self._running = self._pool = None
+
+    def __enter__(self) -> Replicas:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_cell(
+    cell: Cell, settings: Settings, cell_dir: Path, replicas: Replicas, say: Any = print
+) -> dict[str, Any]:
+    """Run one cell on ``replicas``; everything it started itself (gateway, Locust) is
+    stopped when it returns or raises."""
+    started = time.monotonic()
     cell_dir.mkdir(parents=True, exist_ok=True)
     for old in cell_dir.glob("requests.jsonl*"):
         old.unlink()
-    say("starting replicas")
-    try:
-        replica_set = start_replicas(
-            settings.replicas, ports=free_ports(settings.replicas),
-            kv_cache_bytes=cell.kv_cache_bytes, max_model_len=settings.max_model_len,
-            block_size=settings.block_size, served_name=settings.model, log_dir=cell_dir,
-        )  # fmt: skip
-    except ReplicaError as exc:
-        raise ExperimentError(f"{cell.name}: {exc}") from exc
-    with replica_set as replicas:
-        urls = replicas.urls
-        with _front(cell, settings, urls, cell_dir) as host:
-            window = Window(before=scrape_all(urls), after=[])
-            scraper = Scraper(urls, settings.scrape_interval_s, window)
-            scraper.start()
-            say("load running")
-            try:
-                code = run_locust(cell, settings, host, urls, cell_dir)
-            finally:
-                scraper.halt.set()
-                scraper.join()
-            window.after = scrape_all(urls)
+    urls, fresh = replicas.for_cell(cell, say)
+    ready = time.monotonic()
+    with _front(cell, settings, urls, cell_dir) as host:
+        window = Window(before=scrape_all(urls), after=[])
+        scraper = Scraper(urls, settings.scrape_interval_s, window)
+        scraper.start()
+        say("load running")
+        try:
+            code = run_locust(cell, settings, host, urls, cell_dir)
+        finally:
+            scraper.halt.set()
+            scraper.join()
+        window.after = scrape_all(urls)
     _save_scrapes(window, cell_dir / "scrapes.json")
     requests = load_requests(cell_dir)
     row = summarize(cell, window, requests)
     row["locust_exit_code"] = code
+    row["fresh_replicas"] = fresh
+    row["replica_ready_s"] = round(ready - started, 1)
+    row["cell_wall_s"] = round(time.monotonic() - started, 1)
     if cell.load == "steps":
-        row["stages"] = stages(requests, load_user_counts(cell_dir / "locust_stats_history.csv"))
+        counts = load_user_counts(cell_dir / "locust_stats_history.csv")
+        row["stages"] = stages(requests, counts, settings.step_seconds)
         row["knee"] = knee(row["stages"])
     return row
 
@@ -251,7 +337,7 @@ def write_rows(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def run_profile(
-    profile: Profile, out: Path, console: Console | None = None
+    profile: Profile, out: Path, console: Console | None = None, command: str | None = None
 ) -> list[dict[str, Any]]:
     console = console or Console(stderr=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,26 +353,45 @@ def run_profile(
     )
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
     )  # fmt: skip
-    with Progress(*columns, console=console) as progress:
+    with (
+        Progress(*columns, console=console) as progress,
+        Replicas(profile.settings, out) as replicas,
+    ):
         task = progress.add_task("cells", total=len(profile.cells))
         for cell in profile.cells:
 
             def say(phase: str, cell: Cell = cell) -> None:
                 progress.update(task, description=f"{cell.name}: {phase}")
 
-            rows.append(run_cell(cell, profile.settings, out / cell.name, say))
+            rows.append(run_cell(cell, profile.settings, out / cell.name, replicas, say))
             write_rows(rows, out)
             progress.advance(task)
     elapsed = time.monotonic() - started
-    write_report(profile, rows, out, elapsed)
+    load_avg = (load_at_start, os.getloadavg()[0])
+    write_report(profile, rows, out, elapsed, load_avg, command)
     return rows
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def plan_text(profile: Profile) -> str:
+    """The cells in run order, where replicas start, and each cell's bound on its load."""
+    lines = []
+    pool = None
+    for cell in profile.cells:
+        start = cell.kv_cache_bytes != pool or profile.settings.fresh_replicas
+        pool = cell.kv_cache_bytes
+        lines.append(
+            f"  {cell.name:<40} load <= {load_bound_s(cell, profile.settings):>4.0f} s"
+            + ("  (starts replicas)" if start else "")
+        )
+    return "\n".join(lines)
 
 
 @click.command("experiment")
@@ -305,23 +410,42 @@ def _interrupt(signum: int, frame: Any) -> None:
     default=None,
     help="Output folder [default: .foldgate/experiments/<profile>-<time>].",
 )
-def experiment_command(profile_name: str, config_path: Path, out: Path | None) -> None:
+@click.option(
+    "--cells",
+    "patterns",
+    multiple=True,
+    help="Run only the cells whose names match this shell pattern (repeatable), e.g. "
+    "--cells 'base_*_u4_kv10M'.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the cells in run order and stop.")
+def experiment_command(
+    profile_name: str, config_path: Path, out: Path | None, patterns: tuple[str, ...], dry_run: bool
+) -> None:
     """Load experiments on real vLLM-CPU replicas: Locust replays recorded agent sessions
-    through foldgate (and a no-gateway arm); writes results.csv and report.md with plots."""
+    through foldgate (and a no-gateway arm); writes results.csv and report.md with plots.
+
+    Run anything that starts replicas one at a time on a shared machine (e.g. under
+    `flock /tmp/foldgate-vllm.lock`)."""
     try:
         profile = load_profile(profile_name, config_path)
+        if patterns:
+            profile = select(profile, patterns)
     except PlanError as exc:
         raise click.UsageError(str(exc)) from exc
+    console = Console(stderr=True)
+    if dry_run:
+        click.echo(f"profile {profile.name}: {len(profile.cells)} cells\n{plan_text(profile)}")
+        return
     out = (
         out
         or ROOT / ".foldgate" / "experiments" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    console = Console(stderr=True)
     console.print(f"profile {profile.name}: {len(profile.cells)} cells -> {out}")
     # SIGTERM unwinds like Ctrl-C, so every cell's processes are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_profile(profile, out, console)
+        command = shlex.join(["python", "-m", "loadtests.experiment", *sys.argv[1:]])
+        run_profile(profile, out, console, command)
     except ExperimentError as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"wrote {out / 'report.md'}")

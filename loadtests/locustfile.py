@@ -2,7 +2,9 @@
 
 One user is one agent session at a time: it replays a recorded trajectory the way its
 harness sent it (``loadtests.sessions``), streaming, with the session id header, waits a
-think time between steps, then starts the next trajectory as a new session. Besides the
+think time between steps (the recorded gap where the trajectory's log has timestamps, else
+a lognormal draw; none with ``--think-time 0``), then starts the next trajectory as a new
+session. Besides the
 HTTP request itself, every reply is reported to Locust as its own events, so they appear in
 Locust's statistics and CSV files:
 
@@ -85,7 +87,19 @@ def add_arguments(parser: Any) -> None:
     group.add_argument(
         "--think-time",
         default="3:0.8",
-        help="Lognormal think time between steps, MEDIAN[:SIGMA] seconds; 0 for saturation.",
+        help="Think time between steps where the trajectory logged none: lognormal, "
+        "MEDIAN[:SIGMA] seconds. 0: saturation (no think time at all, recorded or not).",
+    )
+    group.add_argument(
+        "--think-cap",
+        type=float,
+        default=60.0,
+        help="Longest recorded think time waited, seconds (longer pauses are cut to it).",
+    )
+    group.add_argument(
+        "--no-recorded-think",
+        action="store_true",
+        help="Ignore the trajectories' timestamps: always draw from --think-time.",
     )
     group.add_argument(
         "--sessions-per-user",
@@ -189,7 +203,9 @@ class AgentSession(FastHttpUser):
                     opts.tokenizer,
                 ),
             )
-        self.think = ThinkTime.parse(opts.think_time)
+        self.think = ThinkTime.parse(
+            opts.think_time, cap_s=opts.think_cap, recorded=not opts.no_recorded_think
+        )
         self.replicas = [u.rstrip("/") for u in opts.replicas.split(",") if u]
         self.log = request_log(opts.request_log)
         runner = self.environment.runner
@@ -209,9 +225,9 @@ class AgentSession(FastHttpUser):
         session = self.sessions[(self.index + self.sessions_done) % len(self.sessions)]
         session_id = f"{self.prefix}:{session.trajectory}:{self.index}.{self.sessions_done}"
         for n, step in enumerate(session.steps):
-            if n:
-                gevent.sleep(self.think.sample(self.rng))
-            self.send(session, step, session_id)
+            think_s = self.think.sample(self.rng, step.think_s) if n else 0.0
+            gevent.sleep(think_s)
+            self.send(session, step, session_id, think_s)
         self.sessions_done += 1
         if opts.sessions_per_user and self.sessions_done >= opts.sessions_per_user:
             self._finish()
@@ -230,7 +246,7 @@ class AgentSession(FastHttpUser):
         replica = self.replicas[next(AgentSession._replica_turn) % len(self.replicas)]
         return replica + session.path
 
-    def send(self, session: Session, step: Step, session_id: str) -> None:
+    def send(self, session: Session, step: Step, session_id: str, think_s: float = 0.0) -> None:
         opts = self.environment.parsed_options
         headers = {SESSION_HEADER: session_id}
         if opts.strategy:
@@ -290,6 +306,7 @@ class AgentSession(FastHttpUser):
                 "session": session_id,
                 "trajectory": session.trajectory,
                 "step": step.index,
+                "think_s": think_s,
                 "dialect": session.dialect,
                 "users": self.environment.runner.user_count,
                 "status": status,

@@ -8,14 +8,19 @@ replicas, round-robin per request); ``users`` concurrent sessions; a KV pool per
 and a load: ``sessions`` (every user replays one session, all start together; the cell
 ends when all are done: fixed work) or ``steps`` (a step load over ``step_users``, each
 stage ``step_seconds`` long, users replaying session after session: fixed time).
+
+Cells run grouped by KV pool (in the order each pool first appears): cells that share a
+pool share the replicas, with vLLM's prefix cache reset between them, unless the profile
+says ``fresh_replicas = true``.
 """
 
 from __future__ import annotations
 
 import itertools
 import tomllib
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from deploy.cpu.replicas import parse_bytes
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = Path(__file__).with_name("experiments.toml")
 ARMS = ("gateway", "no_gateway")
-ROUTINGS = ("sticky", "round_robin", "least_loaded")
+ROUTINGS = ("sticky", "sticky_cost", "round_robin", "least_loaded")
 SERVERS = ("uvicorn", "ray")
 LOADS = ("sessions", "steps")
 _AXES = ("arm", "strategy", "routing", "users", "kv_cache_bytes", "server", "load")
@@ -51,6 +56,8 @@ class Settings:
     scrape_interval_s: float
     step_users: tuple[int, ...]
     step_seconds: float
+    fresh_replicas: bool = False
+    cost_model: str = "cpu-tiny"
 
     def trajectory_paths(self) -> list[Path]:
         return [
@@ -117,7 +124,20 @@ def load_profile(name: str, path: Path = DEFAULT_CONFIG) -> Profile:
                 cells.append(cell)
     if not cells:
         raise PlanError(f"{path}: profile {name!r} has no cells (add [[profiles.{name}.matrix]])")
+    pools = list(dict.fromkeys(c.kv_cache_bytes for c in cells))
+    cells.sort(key=lambda c: pools.index(c.kv_cache_bytes))  # stable: one replica start a pool
     return Profile(name, str(profile.get("description", "")), settings, tuple(cells))
+
+
+def select(profile: Profile, patterns: Sequence[str]) -> Profile:
+    """The profile with only the cells whose names match a shell-style pattern
+    (``base_*``, ``*_kv10M``); a pattern that matches nothing is an error."""
+    unmatched = [p for p in patterns if not any(fnmatch(c.name, p) for c in profile.cells)]
+    if unmatched:
+        names = ", ".join(c.name for c in profile.cells)
+        raise PlanError(f"no cell of {profile.name!r} matches {', '.join(unmatched)} ({names})")
+    cells = tuple(c for c in profile.cells if any(fnmatch(c.name, p) for p in patterns))
+    return replace(profile, cells=cells)
 
 
 def _settings(values: Mapping[str, Any], path: Path) -> Settings:
@@ -136,6 +156,8 @@ def _settings(values: Mapping[str, Any], path: Path) -> Settings:
             scrape_interval_s=float(values.get("scrape_interval_s", 3)),
             step_users=tuple(int(u) for u in _listed(values.get("step_users", [1]))),
             step_seconds=float(values.get("step_seconds", 30)),
+            fresh_replicas=bool(values.get("fresh_replicas", False)),
+            cost_model=str(values.get("cost_model", "cpu-tiny")),
         )
     except KeyError as exc:
         raise PlanError(f"{path}: missing setting {exc.args[0]!r}") from exc

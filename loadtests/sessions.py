@@ -34,11 +34,13 @@ def dialect_of(trajectory: Trajectory) -> Dialect:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One request of a session: the body to send and the decode length it asks for."""
+    """One request of a session: the body to send, the decode length it asks for, and the
+    recorded seconds between the previous reply's end and this request (None: not logged)."""
 
     index: int
     body: dict[str, Any]
     reply_tokens: int
+    think_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,8 @@ def build_session(
     replies = [m for m in trajectory.transcript.messages if m.role == "assistant"]
     steps = []
     requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
-    for i, (request, reply) in enumerate(zip(requests, replies, strict=True)):
+    thinks = trajectory.think_times()
+    for i, (request, reply, think) in enumerate(zip(requests, replies, thinks, strict=True)):
         if max_steps is not None and i >= max_steps:
             break
         if not request.messages or all(m.role == "system" for m in request.messages):
@@ -96,7 +99,7 @@ def build_session(
         tokens = reply_tokens(reply, chat)
         if max_tokens_cap is not None:
             tokens = min(tokens, max_tokens_cap)
-        steps.append(Step(i, request_body(request, dialect, model, tokens), tokens))
+        steps.append(Step(i, request_body(request, dialect, model, tokens), tokens, think))
     return Session(trajectory.id, dialect, tuple(steps))
 
 
@@ -104,17 +107,21 @@ def build_session(
 class ThinkTime:
     """Seconds between a reply and the next request.
 
-    The importers keep no per-message timestamps, so recorded think times are not
-    available; the default models a tool call plus harness work: lognormal with a median of
-    ``median_s``. ``median_s == 0`` is a saturation run (no think time).
+    The recorded gap where the trajectory logged one (``Step.think_s``: tool runs, harness
+    work, a person typing), cut to ``cap_s`` (a person away for an hour is an idle session,
+    not load); else, or with ``recorded=False``, a draw from the fallback distribution, which
+    models a tool call plus harness work: lognormal with a median of ``median_s``.
+    ``median_s == 0`` is a saturation run: no think time at all, recorded or not.
     """
 
     median_s: float = 3.0
     sigma: float = 0.8
+    cap_s: float = 60.0
+    recorded: bool = True
 
     @classmethod
-    def parse(cls, spec: str) -> ThinkTime:
-        """``0``, ``MEDIAN`` or ``MEDIAN:SIGMA`` (seconds)."""
+    def parse(cls, spec: str, *, cap_s: float = 60.0, recorded: bool = True) -> ThinkTime:
+        """``0``, ``MEDIAN`` or ``MEDIAN:SIGMA`` (seconds) for the fallback distribution."""
         parts = spec.split(":")
         try:
             values = [float(p) for p in parts]
@@ -124,9 +131,13 @@ class ThinkTime:
             ) from None
         if len(values) > 2 or any(v < 0 for v in values):
             raise ValueError(f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}")
-        return cls(*values)
+        if cap_s < 0:
+            raise ValueError(f"think-time cap must be >= 0 seconds, got {cap_s}")
+        return cls(*values, cap_s=cap_s, recorded=recorded)
 
-    def sample(self, rng: random.Random) -> float:
+    def sample(self, rng: random.Random, recorded_s: float | None = None) -> float:
         if self.median_s == 0:
             return 0.0
+        if self.recorded and recorded_s is not None:
+            return min(recorded_s, self.cap_s)
         return rng.lognormvariate(math.log(self.median_s), self.sigma)

@@ -31,7 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -345,10 +345,13 @@ def start_replicas(
     log_dir: Path = LOG_DIR,
     ready_timeout_s: float = 300.0,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> ReplicaSet:
     """Start ``n`` replicas (ports ``base_port..`` unless ``ports``), one core each, and wait
-    until all answer ``/health`` and ``/v1/models``. On failure every one is stopped and a
-    ``ReplicaError`` carries the failing replica's log tail."""
+    until all answer ``/health`` and ``/v1/models``. ``extra_env`` adds variables to each
+    server's environment (e.g. ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``). On
+    failure every one is stopped and a ``ReplicaError`` carries the failing replica's log
+    tail."""
     ports = list(ports) if ports is not None else [base_port + i for i in range(n)]
     model_dir = model_dir.resolve()
     _check_inputs(n, ports, python, model_dir)
@@ -371,7 +374,7 @@ def start_replicas(
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=server_env(core, tmpdir),
+                    env={**server_env(core, tmpdir), **(extra_env or {})},
                     cwd=tmpdir,
                     # Own process group: stop() can kill the engine children with the server.
                     start_new_session=True,

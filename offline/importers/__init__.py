@@ -4,11 +4,17 @@
 its content; ``detect_format(path)`` says which format a file is in.
 """
 
-from offline.importers.base import Trajectory, TrajectoryFormatError, TrajectoryWarning
+from offline.importers.base import (
+    MessageTime,
+    Trajectory,
+    TrajectoryFormatError,
+    TrajectoryWarning,
+)
 from offline.importers.detect import LOADERS, detect_format, load_trajectories
 
 __all__ = [
     "LOADERS",
+    "MessageTime",
     "Trajectory",
     "TrajectoryFormatError",
     "TrajectoryWarning",

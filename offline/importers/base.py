@@ -7,8 +7,9 @@ JSONL) so a user pointing foldgate at a folder of logs knows which one to fix.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,19 @@ class TrajectoryWarning(UserWarning):
 
 
 @dataclass(frozen=True, slots=True)
+class MessageTime:
+    """What a log recorded about when one message happened.
+
+    ``at``: Unix seconds when the message was complete (a reply had finished streaming, an
+    observation had been logged). ``took_s``: how long producing it took, where the log
+    says (a reply's model time, a tool's run time). Either may be unknown.
+    """
+
+    at: float | None = None
+    took_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Trajectory:
     """One recorded agent run as the neutral transcript.
 
@@ -42,6 +56,8 @@ class Trajectory:
     ``user`` messages). ``compaction_indices`` are the message indices where the harness
     itself compacted its context (messages before one had left the live context).
     ``meta`` holds descriptive fields of the source (model, task, origin) and is not replayed.
+    ``times`` is empty, or one ``MessageTime`` (or None) per message of the transcript, for
+    formats that log when things happened.
     """
 
     id: str
@@ -51,6 +67,50 @@ class Trajectory:
     source_path: Path
     compaction_indices: tuple[int, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
+    times: tuple[MessageTime | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.times and len(self.times) != len(self.transcript.messages):
+            raise ValueError(
+                f"{self.source_path}: {len(self.times)} message times for "
+                f"{len(self.transcript.messages)} messages"
+            )
+
+    def think_times(self) -> list[float | None]:
+        """Per assistant reply, the recorded seconds between the previous reply's end and
+        the request that produced this one (tool runs, harness work, a person typing), or
+        None where the log cannot tell (always for the first reply).
+
+        In order of preference: the last message logged between the two replies (the
+        request went out once it was in the history) minus the previous reply's end; the
+        run times of the tools between them, summed; the time between the two replies' ends
+        minus the second reply's own model time where known (else the whole gap). Clock
+        skew between logged events never makes a gap negative.
+        """
+        replies = [i for i, m in enumerate(self.transcript.messages) if m.role == "assistant"]
+        if not self.times:
+            return [None] * len(replies)
+        gaps: list[float | None] = [None]
+        for prev, cur in itertools.pairwise(replies):
+            gaps.append(_gap(self.times[prev], self.times[prev + 1 : cur], self.times[cur]))
+        return gaps[: len(replies)]
+
+
+def _gap(
+    prev: MessageTime | None, between: Sequence[MessageTime | None], cur: MessageTime | None
+) -> float | None:
+    ended = prev.at if prev is not None else None
+    logged = [t.at for t in between if t is not None and t.at is not None]
+    runs = [t.took_s for t in between if t is not None and t.took_s is not None]
+    if ended is not None and logged:
+        gap = max(logged) - ended
+    elif runs:
+        gap = sum(runs)
+    elif ended is not None and cur is not None and cur.at is not None:
+        gap = cur.at - ended - (cur.took_s or 0.0)
+    else:
+        return None
+    return max(0.0, gap)
 
 
 def stem(path: Path) -> str:

@@ -15,7 +15,13 @@ from typing import Any
 from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import decode_message
 from gateway.transcript import Message, Transcript
-from offline.importers.base import Trajectory, TrajectoryFormatError, require, stem
+from offline.importers.base import (
+    MessageTime,
+    Trajectory,
+    TrajectoryFormatError,
+    require,
+    stem,
+)
 
 _CHAT_FIELDS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id")
 
@@ -52,9 +58,14 @@ def decode_chat_messages(
 
 
 def chat_trajectory(
-    harness: str, path: Path, messages: Sequence[Message], meta: Mapping[str, Any]
+    harness: str,
+    path: Path,
+    messages: Sequence[Message],
+    meta: Mapping[str, Any],
+    times: Sequence[MessageTime | None] = (),
 ) -> list[Trajectory]:
-    """One run of a chat-logging harness: tool-calling when it has tool messages."""
+    """One run of a chat-logging harness: tool-calling when it has tool messages.
+    ``times`` (one per message, or empty) only where some message has one."""
     native = any(m.role == "tool" for m in messages)
     return [
         Trajectory(
@@ -64,5 +75,6 @@ def chat_trajectory(
             transcript=Transcript(tuple(messages)),
             source_path=path,
             meta=dict(meta),
+            times=tuple(times) if any(t is not None for t in times) else (),
         )
     ]

@@ -13,6 +13,8 @@ Mapping rules (the same ones the normalized twins were made with):
 - Thinking becomes ``Thinking`` parts (signature kept); whitespace-only text blocks, which
   Claude Code logs before streamed thinking, are dropped; ``tool_use.input`` is encoded as
   the JSON argument text.
+- Every event carries an ISO ``timestamp``: a reply's time is that of its last event (when
+  it had finished), a tool result's or user message's that of its event.
 - Meta entries (skill text, command caveats) and the compaction summary were in the model's
   context, so they stay. Sidechain entries inside a main session belong to a subagent and
   are dropped; a subagent's own file (every entry a sidechain) is kept whole.
@@ -23,11 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
-from offline.importers.base import Trajectory, read_jsonl, require, stem
+from offline.importers.base import MessageTime, Trajectory, read_jsonl, require, stem
 
 HARNESS = "claude-code"
 _BOOKKEEPING = {"summary", "file-history-snapshot", "queue-operation", "progress"}
@@ -63,6 +66,7 @@ def load(path: Path) -> list[Trajectory]:
     turns = [(n, r) for n, r in records if r.get("type") in ("user", "assistant")]
     subagent = bool(turns) and all(r.get("isSidechain") for _, r in turns)
     drafts: list[_Draft] = []
+    times: list[MessageTime | None] = []  # one per draft
     compactions: list[int] = []
     reply: _Draft | None = None  # the assistant reply that events with its id extend
     reply_id: str | None = None
@@ -78,20 +82,26 @@ def load(path: Path) -> list[Trajectory]:
         msg = rec.get("message")
         require(isinstance(msg, Mapping), path, f"{kind} event without a 'message' object", n)
         content = msg.get("content")
+        at = _timestamp(rec.get("timestamp"))
         if kind == "assistant":
             mid = msg.get("id")
             if reply is None or mid is None or mid != reply_id:
                 reply, reply_id = _Draft("assistant"), mid
                 drafts.append(reply)
+                times.append(None)
             model = model or msg.get("model")
             reply.parts += _assistant_parts(content, path, n)
+            if at is not None:
+                times[_index(drafts, reply)] = MessageTime(at)
             continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         require(isinstance(blocks, list), path, "user content must be a string or a list", n)
         results, rest = _split_user(blocks, path, n)
         drafts += results
+        times += [None if at is None else MessageTime(at)] * len(results)
         if rest:
             drafts.append(_Draft("user", rest))
+            times.append(None if at is None else MessageTime(at))
             # A user turn ends the reply: a later event with the same id is a new message.
             reply = reply_id = None
     meta = {"session_id": records[-1][1].get("sessionId"), "model": model, "subagent": subagent}
@@ -104,8 +114,25 @@ def load(path: Path) -> list[Trajectory]:
             source_path=path,
             compaction_indices=tuple(compactions),
             meta={k: v for k, v in meta.items() if v is not None},
+            times=tuple(times) if any(t is not None for t in times) else (),
         )
     ]
+
+
+def _timestamp(value: Any) -> float | None:
+    """Unix seconds of an ISO timestamp (``2026-02-11T20:36:47.925Z``); None if absent or
+    unreadable (times are descriptive: a bad one costs the replay its think time only)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def _index(drafts: list[_Draft], draft: _Draft) -> int:
+    """Position of ``draft`` itself (drafts compare by value; a reply may equal another)."""
+    return next(i for i in range(len(drafts) - 1, -1, -1) if drafts[i] is draft)
 
 
 def _assistant_parts(content: Any, path: Path, line: int) -> list[Part]:

@@ -4,6 +4,10 @@
 with ``tool`` messages; older text runs put the bash block in the assistant text and the
 output in a ``user`` message. The final ``exit`` message is bookkeeping (the submission
 echoed back), never sent to the model, so it is dropped.
+
+Times: recent versions log ``extra.timestamp`` (Unix seconds, when the message was added)
+on replies and observations, and the provider's ``extra.response.created`` (whole seconds,
+when the reply was created) on replies.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from offline.importers.base import Trajectory, read_json, require
+from offline.importers.base import MessageTime, Trajectory, read_json, require
 from offline.importers.chat import chat_trajectory, decode_chat_messages
 
 HARNESS = "mini-swe-agent"
@@ -36,5 +40,25 @@ def load(path: Path) -> list[Trajectory]:
         "exit_status": info.get("exit_status"),
     }
     return chat_trajectory(
-        HARNESS, path, messages, {k: v for k, v in meta.items() if v is not None}
+        HARNESS,
+        path,
+        messages,
+        {k: v for k, v in meta.items() if v is not None},
+        [_time(m) for m in sent],
     )
+
+
+def _time(raw: Any) -> MessageTime | None:
+    extra = raw.get("extra") if isinstance(raw, Mapping) else None
+    if not isinstance(extra, Mapping) or not _number(extra.get("timestamp")):
+        return None
+    at = float(extra["timestamp"])
+    response = extra.get("response")
+    created = response.get("created") if isinstance(response, Mapping) else None
+    # ``created`` has whole seconds only: the model time is known to within a second.
+    took = max(0.0, at - float(created)) if _number(created) else None
+    return MessageTime(at, took)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,7 +1,8 @@
 """A two-cell experiment on real vLLM-CPU replicas: foldgate (sticky, base) and the
-no-gateway arm, each on a fresh replica, Locust replaying a small recorded session.
+no-gateway arm, Locust replaying a small recorded session. The cells share a KV pool, so the
+second reuses the first's replica after vLLM's prefix cache is reset.
 
-Kept cheap for CI: one replica per cell, two sessions of three steps, 8 decoded tokens.
+Kept cheap for CI: one replica (started once), two sessions of three steps, 8 decoded tokens.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def test_two_cell_experiment_reports_every_metric_for_both_cells(
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["arm"] for r in rows] == ["gateway", "no_gateway"]
+    assert [r["fresh_replicas"] for r in rows] == ["True", "False"]
     for row in rows:
         missing = [m for m in METRICS if row[m] in ("", "None")]
         assert not missing, (row["cell"], missing)
@@ -100,6 +102,11 @@ def test_two_cell_experiment_reports_every_metric_for_both_cells(
         replies = [json.loads(line) for line in (cell_dir / "requests.jsonl").open()]
         # ignore_eos reached vLLM (through the gateway too): every reply decoded max_tokens
         assert all(r["completion_tokens"] == r["max_tokens"] for r in replies), replies
+        # no cell inherits another's cache: the second cell replays the first's prompts on
+        # the same replica, yet each session's first request starts cold (the sessions
+        # share no leading block: the tag opens each system prompt)
+        firsts = [r for r in replies if r["step"] == 0]
+        assert len(firsts) == USERS and all(r["cached_tokens"] == 0 for r in firsts), firsts
         locust_names = {r["Name"] for r in csv.DictReader((cell_dir / "locust_stats.csv").open())}
         assert {"time_to_first_token", "prompt_tokens", "cached_tokens"} <= locust_names
     gateway_row = rows[0]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import random
+import statistics
 from pathlib import Path
 
 import pytest
 
-from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile
+from gateway.tokens import ChatTokenizer, get_counter
+from gateway.transcript import Message, Text, Transcript
+from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile, select
 from loadtests.results import knee, stages
-from loadtests.sessions import ThinkTime
+from loadtests.sessions import ThinkTime, build_session
 from loadtests.vllm_metrics import Histogram, Window, parse
+from offline.importers import MessageTime, Trajectory
 
 PAGE = """\
 # TYPE vllm:prefix_cache_queries_total counter
@@ -60,20 +65,44 @@ def test_histogram_quantile_is_the_bound_of_the_bucket_holding_the_rank() -> Non
     assert Histogram({}, 0.0, 0.0).quantile(0.5) is None
 
 
-def test_shipped_profiles_expand_to_their_cells() -> None:
+def test_shipped_profiles_expand_to_their_cells_grouped_by_pool() -> None:
     quick = load_profile("quick")
     names = [c.name for c in quick.cells]
     assert names == [
-        "base_sticky_u5_kv10M",
-        "refold_sticky_u5_kv10M",
-        "base_round-robin_u5_kv10M",
-        "refold_sticky_steps_kv10M",
-        "no-gateway_rr_steps_kv10M",
+        "base_sticky_u5_kv8M",
+        "base_sticky-cost_u5_kv8M",
+        "base_round-robin_u5_kv8M",
+        "base_least-loaded_u5_kv8M",
+        "refold_sticky_steps_kv8M",
+        "no-gateway_rr_steps_kv8M",
+        "base_sticky_u5_kv4M",
+        "refold_sticky_u5_kv4M",
+        "cliff_sticky_u5_kv4M",
     ]
     assert quick.settings.replicas == 2 and quick.settings.step_users == (1, 2, 4, 8)
+    # vLLM refuses a pool smaller than one max-length request
+    assert min(c.kv_cache_bytes for c in quick.cells) >= quick.settings.max_model_len * 512
     full = load_profile("full")
-    assert len(full.cells) == 4 * 3 * 2 * 2 + 4 + 1 + 2
-    assert {c.routing for c in full.cells} == {"sticky", "round_robin", "least_loaded"}
+    assert len(full.cells) == 4 * 4 * 2 * 2 + 4 + 1 + 2
+    assert {c.routing for c in full.cells} == {
+        "sticky", "sticky_cost", "round_robin", "least_loaded"
+    }  # fmt: skip
+    # one replica start per pool: cells of a pool run one after another
+    pools = [c.kv_cache_bytes for c in full.cells]
+    assert len([p for i, p in enumerate(pools) if i == 0 or pools[i - 1] != p]) == len(set(pools))
+
+
+def test_cells_filter_keeps_matching_cells_and_refuses_a_pattern_matching_none() -> None:
+    quick = load_profile("quick")
+    picked = select(quick, ["*_kv4M", "no-gateway_*"])
+    assert [c.name for c in picked.cells] == [
+        "no-gateway_rr_steps_kv8M",
+        "base_sticky_u5_kv4M",
+        "refold_sticky_u5_kv4M",
+        "cliff_sticky_u5_kv4M",
+    ]
+    with pytest.raises(PlanError, match="matches nope"):
+        select(quick, ["base_*", "nope"])
 
 
 def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
@@ -104,6 +133,12 @@ def test_stages_and_knee_of_a_step_load() -> None:
     assert rows[2]["failed"] == 1
     assert rows[1]["ttft_p50_ms"] == 1180.0  # sent in stage 2: started 112, 113, 118, 124
     assert knee(rows)["users"] == 2
+    # The run stops: users leave (4 -> 3, reported until t=142) and a straggler ends at
+    # 137. Leaving users are no stage; the last stage lasts the shape's 10 s.
+    counts += [(136.0 + t, 3) for t in range(7)]
+    stopped = stages([*requests, req(130, 137)], counts, stage_s=10)
+    assert [(r["users"], r["seconds"]) for r in stopped] == [(1, 10.0), (2, 15.0), (4, 10.0)]
+    assert stopped[2]["session_steps_per_min"] == 12.0
 
 
 def test_think_time_spec() -> None:
@@ -111,3 +146,31 @@ def test_think_time_spec() -> None:
     assert ThinkTime.parse("2:0.5") == ThinkTime(2.0, 0.5)
     with pytest.raises(ValueError, match="MEDIAN"):
         ThinkTime.parse("soon")
+    with pytest.raises(ValueError, match="cap"):
+        ThinkTime.parse("2", cap_s=-1)
+
+
+def test_think_time_is_the_recorded_gap_capped_else_the_fallback_and_0_saturates() -> None:
+    rng = random.Random(0)
+    think = ThinkTime.parse("2:0.5", cap_s=30)
+    assert think.sample(rng, 4.5) == 4.5
+    assert think.sample(rng, 3600.0) == 30  # a person away for an hour: cut to the cap
+    drawn = [think.sample(rng, None) for _ in range(200)]
+    assert 1.5 < statistics.median(drawn) < 2.5 and len(set(drawn)) == 200
+    assert ThinkTime.parse("0").sample(rng, 4.5) == 0.0  # saturation ignores the recording
+    ignoring = ThinkTime.parse("2:0.5", recorded=False)
+    assert ignoring.sample(random.Random(1), 4.5) == think.sample(random.Random(1), None)
+
+
+def test_session_steps_carry_the_trajectorys_recorded_think_times() -> None:
+    messages = (
+        Message("user", (Text("task"),)),
+        Message("assistant", (Text("a"),)),
+        Message("user", (Text("out"),)),
+        Message("assistant", (Text("b"),)),
+    )
+    times = (None, MessageTime(10.0), MessageTime(12.5), MessageTime(20.0))
+    run = Trajectory("t", "mini-swe-agent", "text_actions", Transcript(messages), Path("t"),
+                     times=times)  # fmt: skip
+    session = build_session(run, ChatTokenizer(get_counter("estimate")), "tiny")
+    assert [(s.index, s.think_s) for s in session.steps] == [(0, None), (1, 2.5)]

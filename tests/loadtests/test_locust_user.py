@@ -166,6 +166,26 @@ async def test_through_gateway_ignore_eos_reaches_the_replica_and_headers_are_ev
     assert len(raw) == len(rendered) == 8 and all(e["response_time"] > 0 for e in raw + rendered)
 
 
+async def test_user_waits_the_recorded_gap_not_the_fallback(tmp_path: Path) -> None:
+    """A Claude Code log with timestamps: the tool ran 0.6 s, so the user waits 0.6 s before
+    the next request, not a draw from the 30 s fallback (which would outlast the run)."""
+    events = claude_code_session("cc")
+    times = ["20:00:00.000", "20:00:02.000", "20:00:02.600", "20:00:05.000"]
+    for event, at in zip(events, times, strict=True):
+        event["timestamp"] = f"2026-02-11T{at}Z"
+    session = tmp_path / "timed.jsonl"
+    session.write_text("".join(json.dumps(e) + "\n" for e in events))
+    log = tmp_path / "requests.jsonl"
+    fake = await FakeUpstream().start()
+    try:
+        await run_users(fake.url, [session], 1, "--think-time", "30", "--request-log", str(log))
+    finally:
+        await fake.stop()
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert (first["think_s"], second["think_s"]) == (0.0, pytest.approx(0.6))
+    assert 0.55 <= second["start"] - first["end"] < 5
+
+
 async def test_failures_are_locust_failures_with_status_and_body(
     openai_file: Path, store_url: str
 ) -> None:
