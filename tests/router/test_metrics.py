@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -121,6 +121,8 @@ def test_malformed_text_is_rejected() -> None:
         parse_vllm_metrics("vllm:num_requests_running{engine=} not-a-number\n")
 
 
+# No per-example deadline: a loaded CI machine is slow, not wrong.
+@settings(deadline=None)
 @given(
     running=st.lists(st.integers(0, 500), min_size=1, max_size=4),
     waiting=st.lists(st.integers(0, 500), min_size=1, max_size=4),
