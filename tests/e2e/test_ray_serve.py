@@ -91,7 +91,7 @@ async def test_restore_round_trip_inside_the_serve_replica(ray_serve_gateway, re
     try:
         # serve.run blocks until the app is ready; the fake must keep answering meanwhile.
         url = await asyncio.to_thread(
-            ray_serve_gateway, {"replicas": [fake.url], "store_url": redis_url}
+            ray_serve_gateway, {"replicas": [fake.url], "store_url": redis_url, "debug": True}
         )
         async with httpx.AsyncClient(timeout=60) as client:
             # The app's lifespan ran inside the replica: its pool probed the fake.

@@ -176,7 +176,10 @@ async def test_replica_sigkilled_under_load(
 ) -> None:
     # Probes far apart: the gateway learns of the death from failed requests themselves and
     # must fail over before the first byte reaches the client.
-    cfg = GatewayConfig(store_url=redis_url, replicas=tuple(vllm_replicas), probe_interval_s=60)
+    # debug: the replies name the replica that served them (the test kills one of them).
+    cfg = GatewayConfig(
+        store_url=redis_url, replicas=tuple(vllm_replicas), probe_interval_s=60, debug=True
+    )
     # Short chats, one token per reply: cheap enough for ~150 requests in CI, and the reply
     # ends with its first chunk, so what the kill breaks is what failover must answer.
     tags = [f"kill-{i}-{uuid.uuid4()}" for i in range(KILL_SESSIONS)]
