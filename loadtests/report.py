@@ -143,9 +143,9 @@ def _pct(v: Any) -> str:
     return "–" if v is None else f"{v:.1%}"
 
 
-# Per-question tables: (column, heading, format).
-ROUTING_COLUMNS = (
-    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
+# Per-question tables: (column, heading, format). Both questions read the same load
+# figures; routing leads with the prefix-hit rate, strategies add the KV pool's pressure.
+LOAD_COLUMNS = (
     ("vllm_queue_time_mean_s", "queue mean s", "{:.3f}"),
     ("vllm_queue_time_p95_s", "queue p95 ≤ s", "{:.3f}"),
     ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
@@ -154,14 +154,9 @@ ROUTING_COLUMNS = (
     ("prompt_tokens", "upstream prompt tok", "{:,}"),
     ("vllm_preemptions", "preemptions", "{:.0f}"),
 )
+ROUTING_COLUMNS = (("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"), *LOAD_COLUMNS)
 STRATEGY_COLUMNS = (
-    ("vllm_queue_time_mean_s", "queue mean s", "{:.3f}"),
-    ("vllm_queue_time_p95_s", "queue p95 ≤ s", "{:.3f}"),
-    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
-    ("ttft_p95_ms", "TTFT p95 ms", "{:.0f}"),
-    ("session_steps_per_min", "steps/min", "{:.1f}"),
-    ("prompt_tokens", "upstream prompt tok", "{:,}"),
-    ("vllm_preemptions", "preemptions", "{:.0f}"),
+    *LOAD_COLUMNS,
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
     ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
 )
