@@ -1,194 +1,46 @@
-"""The ``foldgate`` command line: a click group that other subcommands (``serve``...) join."""
+"""The ``foldgate`` command line: one click group whose subcommands live with their wing.
+
+Subcommands are imported when they are invoked, not at start: ``foldgate serve`` must not pay
+for the offline wing (the simulator, the replay, matplotlib), about a second per start, which
+every gateway start of a load experiment and every replica restart in Kubernetes pays.
+"""
 
 from __future__ import annotations
 
-import json
-import sys
-import time
-from pathlib import Path
+import importlib
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.keys_cli import keys
-from gateway.serve import serve
-from gateway.sessions_cli import sessions
-from loadtests.experiment import experiment_command
-from offline.cli_options import chat_tokenizer, json_option, load_paths, trajectory_options
-from offline.replay import (
-    FOLD_MODES,
-    MODEL_KV_BYTES_PER_TOKEN,
-    ReplayConfig,
-    build_renderers,
-    replay,
-    request_count,
-)
-from offline.report import print_report, write_plot
-from offline.sim.cli import compare_command, fit_command, simulate_command
-
-ALL_STRATEGIES = "base,refold,cliff,mask,clip"
-DEFAULT_BUDGET = 32_000
+# name -> "module:attribute" of the click command.
+SUBCOMMANDS = {
+    "serve": "gateway.serve:serve",
+    "sessions": "gateway.sessions_cli:sessions",
+    "keys": "gateway.keys_cli:keys",
+    "replay": "offline.replay_cli:replay_command",
+    "simulate": "offline.sim.cli:simulate_command",
+    "simulate-fit": "offline.sim.cli:fit_command",
+    "simulate-compare": "offline.sim.cli:compare_command",
+    "experiment": "loadtests.experiment:experiment_command",
+}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when the subcommand is needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *SUBCOMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in SUBCOMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, attribute = SUBCOMMANDS[cmd_name].split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="foldgate")
 def main() -> None:
     """foldgate: a serving gateway for long-horizon LLM agents (ReFold, CliffCompaction)."""
-
-
-def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
-    names = tuple(s.strip() for s in value.split(",") if s.strip())
-    if not names:
-        raise click.BadParameter("give at least one strategy, e.g. base,refold")
-    return names
-
-
-@main.command("replay")
-@trajectory_options
-@click.option(
-    "--strategy",
-    "strategies",
-    default=ALL_STRATEGIES,
-    show_default=True,
-    callback=_strategies,
-    help="Comma-separated renderer specs (base, refold, cliff, mask, clip, refold+cliff).",
-)
-@click.option(
-    "--budget",
-    type=click.IntRange(min=1),
-    default=DEFAULT_BUDGET,
-    show_default=True,
-    help="Token budget: cliff's compaction threshold; requests above it are counted.",
-)
-@click.option(
-    "--k",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="ReFold chunk size (the prefix is rewritten once every k steps).",
-)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Prefix-cache block size in tokens.",
-)
-@click.option(
-    "--cache-blocks",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Prefix-cache capacity per session in blocks (LRU) [default: unlimited].",
-)
-@click.option(
-    "--kv-bytes-per-token",
-    type=click.IntRange(min=1),
-    default=None,
-    help="KV cache bytes per token, for the KV GiB column (overrides --model).",
-)
-@click.option(
-    "--model",
-    type=click.Choice(sorted(MODEL_KV_BYTES_PER_TOKEN)),
-    default="qwen3.6-27b",
-    show_default=True,
-    help="Preset for --kv-bytes-per-token (qwen3.6-27b: 65,536 B/token, only its 16 "
-    "full-attention layers keep a KV cache).",
-)
-@click.option(
-    "--fold",
-    type=click.Choice(FOLD_MODES),
-    default="recorded",
-    show_default=True,
-    help="ReFold's fold mode: recorded = on only for sessions whose replies carry "
-    "PROGRESS/STALE lines, else off (a recorded reply cannot answer an ask); auto = the "
-    "gateway's default (ask; an ignored ask leaves, two ignored asks stop asking); on = "
-    "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
-)
-@json_option("Write totals and per-request series as JSON.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a PNG: per-request context size and tokens per strategy.",
-)
-def replay_command(
-    paths: tuple[Path, ...],
-    strategies: tuple[str, ...],
-    tokenizer: str | None,
-    budget: int,
-    k: int,
-    block_size: int,
-    cache_blocks: int | None,
-    kv_bytes_per_token: int | None,
-    model: str,
-    fold: str,
-    strict: bool,
-    json_path: Path | None,
-    plot_path: Path | None,
-) -> None:
-    """Replay recorded agent sessions through context strategies, offline.
-
-    PATHS are trajectory files or folders in any supported format (normalized JSONL,
-    Claude Code, mini-swe-agent, SWE-agent, OpenHands). Each session is replayed as its
-    harness sent it; every request is rendered by each strategy, tokenized, and run through
-    a vLLM-style prefix-cache simulator (one per session and strategy). Prints per-strategy
-    totals: prompt tokens, uncached prefill, cache hit rate, peak context and KV memory,
-    prefix rewrites, steps over budget, compactions, stubs, folded steps.
-
-    \b
-    Examples:
-      foldgate replay examples/inventory-reserve-fix.jsonl --budget 2000
-      foldgate replay traces/ --strategy base,refold --json out.json --plot out.png
-    """
-    console = Console(stderr=True)
-    chat = chat_tokenizer(tokenizer)
-    console.print(f"tokenizer: {chat.counter.name}" + (" (default)" if tokenizer is None else ""))
-    try:
-        config = ReplayConfig(
-            strategies=strategies,
-            k=k,
-            budget=budget,
-            block_size=block_size,
-            cache_blocks=cache_blocks,
-            kv_bytes_per_token=kv_bytes_per_token or MODEL_KV_BYTES_PER_TOKEN[model],
-            fold=fold,
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:  # check the specs before loading any file
-        build_renderers(config, chat)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--strategy") from exc
-    trajectories = load_paths(paths, strict=strict, console=console)
-    total = sum(request_count(t.transcript) for t in trajectories) * len(strategies)
-    started = time.perf_counter()
-    columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("replay", total=total)
-        result = replay(trajectories, chat, config, on_request=lambda: progress.advance(task))
-    elapsed = time.perf_counter() - started
-    # A pipe gets a wide table rather than one squeezed into 80 columns.
-    print_report(result, Console() if sys.stdout.isatty() else Console(width=170))
-    console.print(
-        f"{total:,} renders in {elapsed:.1f}s; {chat.distinct_texts:,} distinct texts tokenized"
-    )
-    if json_path is not None:
-        json_path.write_text(json.dumps(result.to_json(), indent=1))
-        console.print(f"wrote {json_path}")
-    if plot_path is not None:
-        write_plot(result, plot_path)
-        console.print(f"wrote {plot_path}")
-
-
-main.add_command(serve)
-main.add_command(sessions)
-main.add_command(keys)
-main.add_command(simulate_command)
-main.add_command(fit_command)
-main.add_command(compare_command)
-main.add_command(experiment_command)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
-from gateway.cli import main
+from gateway.cli import SUBCOMMANDS, main
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "inventory-reserve-fix.jsonl"
 
@@ -16,6 +19,25 @@ def test_group_and_replay_help() -> None:
     assert sub.exit_code == 0
     for option in ("--strategy", "--tokenizer", "--budget", "--cache-blocks", "--json", "--plot"):
         assert option in sub.output
+
+
+def test_every_subcommand_loads_under_its_own_name() -> None:
+    ctx = click.Context(main)
+    for name in SUBCOMMANDS:
+        command = main.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name
+
+
+def test_serve_does_not_import_the_offline_wing() -> None:
+    # A gateway start must not pay for the simulator, the replay or matplotlib.
+    probe = (
+        "import sys; from gateway.cli import main; import click; "
+        "main.get_command(click.Context(main), 'serve'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('offline', 'loadtests', 'matplotlib')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_replay_writes_json_and_plot(tmp_path: Path) -> None:
