@@ -8,7 +8,7 @@ PORT="${FOLDGATE_PORT:-8080}"
 BASE_PORT="${FOLDGATE_REPLICA_PORT:-8100}"
 
 if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi
-.venv/bin/pip install -q -e '.[qwen]' 2>&1 | { grep -v "is ignored: it is neither a file" || true; }
+.venv/bin/pip install -q -e '.[examples]' 2>&1 | { grep -v "is ignored: it is neither a file" || true; }
 bash deploy/cpu/install.sh
 
 cleanup() {
