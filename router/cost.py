@@ -18,6 +18,13 @@ its whole KV cache once per step). Two more terms cover the serving path around 
   no engine time (the gateway's render and routing, HTTP, the API server's chat template
   and tokenization).
 
+``step_jitter`` is how much real step times wander around the model: the log-space
+standard deviation of a request's measured decode stretch over the model's prediction
+(``simulate-fit --experiment``). Where a replica shares its cores with other processes the
+engine's speed changes with what they are doing, so the simulator draws a speed factor
+(lognormal, mean 1) for a replica each time its batch changes and keeps it while the batch
+stays. 0 is a deterministic replica.
+
 Presets:
 
 - ``cpu-tiny``: the random-weight tiny model of ``deploy/cpu`` on vLLM-CPU, one core per
@@ -51,6 +58,7 @@ class CostModel:
     # The serving path around the engine (module docstring).
     per_output_token_s: float = 0.0
     per_request_s: float = 0.0
+    step_jitter: float = 0.0
 
     def __post_init__(self) -> None:
         costs = (
@@ -60,6 +68,7 @@ class CostModel:
             self.per_attended_token_s,
             self.per_output_token_s,
             self.per_request_s,
+            self.step_jitter,
         )
         if any(c < 0 or not math.isfinite(c) for c in costs):
             raise ValueError(f"cost model {self.name!r}: coefficients must be finite and >= 0")
@@ -159,6 +168,9 @@ PRESETS: dict[str, CostModel] = {
         # and 157-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
         per_output_token_s=0.0349,
         per_request_s=0.161,
+        # The same command's spread of those requests' decode stretches around the fitted
+        # model (0.23 and 0.25 for each run alone).
+        step_jitter=0.25,
     ),
 }
 

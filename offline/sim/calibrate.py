@@ -146,8 +146,16 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> tuple[float, float]:
-    """``(per_output_token_s, per_request_s)`` from requests served by replicas that
+@dataclass(frozen=True, slots=True)
+class ServingPathFit:
+    per_output_token_s: float
+    per_request_s: float
+    step_jitter: float  # log-space spread of decode stretches around the fitted model
+    requests: int
+
+
+def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> ServingPathFit:
+    """The serving-path terms and the step jitter from requests served by replicas that
     ``engine``'s engine terms describe (requests of one replica must come from one run).
 
     Decode: a request's n tokens after the first took n - 1 engine steps; in each, every
@@ -159,12 +167,16 @@ def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> tu
     already in progress is
     the per-request latency; the median over requests, so a request that queued behind a
     long prefill does not count.
+    Jitter: each decode stretch over what the fitted terms predict for it, in logs; their
+    spread (interquartile range / 1.349, the standard deviation of a normal with that
+    range, so the few stretches a long prefill stalled do not count) is ``step_jitter``.
     """
     by_replica: dict[str, list[ServedRequest]] = {}
     for r in requests:
         by_replica.setdefault(r.replica, []).append(r)
     xs: list[float] = []
     residuals: list[float] = []
+    spans: list[float] = []
     firsts: list[tuple[ServedRequest, float, float]] = []
     for served in by_replica.values():
         for r in served:
@@ -196,10 +208,16 @@ def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> tu
             )
             xs.append(emitted)
             residuals.append(span - predicted)
+            spans.append(span)
     if not xs:
         raise ValueError("no request with a decode stretch to fit")
     x, y = np.asarray(xs), np.asarray(residuals)
     per_token = max(0.0, float(x @ y / (x @ x)))
+    # The fitted model's prediction of each stretch is span - residual + per_token * emitted.
+    model = np.asarray(spans) - y + per_token * x
+    ratios = np.log(np.asarray(spans)[model > 0] / model[model > 0])
+    q1, q3 = np.percentile(ratios, [25, 75])
+    jitter = float(q3 - q1) / 1.349
     left = []
     for r, beside, context in firsts:
         chunks = max(1, math.ceil(r.uncached / engine.max_num_batched_tokens))
@@ -215,7 +233,7 @@ def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> tu
         )
         in_progress = decode_step / 2 if beside else 0.0
         left.append(r.first_token - r.start - prefill - in_progress)
-    return per_token, max(0.0, float(np.median(left)))
+    return ServingPathFit(per_token, max(0.0, float(np.median(left))), jitter, len(requests))
 
 
 async def _stream(

@@ -326,7 +326,8 @@ def fit_command(
 
     --experiment: what the requests the Locust users logged took beyond the engine terms'
     prediction (the API server's and the gateway's work per streamed token, sharing the
-    replicas' cores, and per request), as per_output_token_s and per_request_s.
+    replicas' cores, and per request), as per_output_token_s and per_request_s; and how
+    widely their decode stretches spread around the fitted model, as step_jitter.
     """
     import asyncio
     import json
@@ -405,6 +406,7 @@ def fit_command(
 def _fit_serving_path(
     experiments: tuple[Path, ...], base: CostModel, json_path: Path | None
 ) -> None:
+    import dataclasses
     import json
 
     from offline.sim.calibrate import fit_serving_path
@@ -412,25 +414,19 @@ def _fit_serving_path(
 
     served = [r for folder in experiments for c in read_experiment(folder)[1] for r in c.served()]
     try:
-        per_token, per_request = fit_serving_path(served, base)
+        fit = fit_serving_path(served, base)
     except ValueError as exc:
         raise click.UsageError(f"{', '.join(map(str, experiments))}: {exc}") from exc
     click.echo(
         f"{len(served)} requests; engine terms of {base.name}: per_step_s={base.per_step_s:.3g}, "
         f"per_decode_seq_s={base.per_decode_seq_s:.3g}"
     )
-    click.echo(f"per_output_token_s={per_token:.3g}, per_request_s={per_request:.3g},")
+    click.echo(
+        f"per_output_token_s={fit.per_output_token_s:.3g}, "
+        f"per_request_s={fit.per_request_s:.3g}, step_jitter={fit.step_jitter:.2g},"
+    )
     if json_path is not None:
-        json_path.write_text(
-            json.dumps(
-                {
-                    "per_output_token_s": per_token,
-                    "per_request_s": per_request,
-                    "requests": len(served),
-                },
-                indent=1,
-            )
-        )
+        json_path.write_text(json.dumps(dataclasses.asdict(fit), indent=1))
 
 
 @click.command("simulate-compare")
@@ -464,9 +460,23 @@ def _fit_serving_path(
     "sent it. routes and schedule check the replica model apart from the routing's "
     "timing-dependent choices; under schedule compare hit rates only (the pace is the run's).",
 )
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Simulations per cell (seeds 0..N-1), pooled: each draws the replicas' step-time "
+    "jitter (the preset's step_jitter) anew. The simulated order of two cells counts only "
+    "where it holds beyond the spread over the seeds.",
+)
 @tokenizer_option
 def compare_command(
-    experiments: tuple[Path, ...], root: Path, preset: str, replay: str, tokenizer: str | None
+    experiments: tuple[Path, ...],
+    root: Path,
+    preset: str,
+    replay: str,
+    seeds: int,
+    tokenizer: str | None,
 ) -> None:
     """Simulate every fixed-work cell of a Locust experiment and print simulated beside
     measured: vLLM's prefix-hit rate, queue time (mean, p95 bucket), session-steps/min,
@@ -475,7 +485,10 @@ def compare_command(
 
     EXPERIMENTS: folders `python -m loadtests.experiment --out` wrote (profile.json,
     results.csv), one or several runs of the same profile. With several, the measured
-    figures are their mean, and only orders every run agrees on are checked.
+    figures are their mean, and two cells count as ordered only where the difference of
+    their means exceeds both cells' run-to-run spread (max - min over the runs); a smaller
+    difference is a tie, which either simulated order agrees with. The simulated side is
+    ordered by the same rule over its seeds.
     """
     from offline.sim.compare import compare, markdown, read_runs
 
@@ -510,7 +523,7 @@ def compare_command(
         for strategy in sorted({runs[0].strategy for runs in cells})
     }
     try:
-        compared = compare(workloads, cells, settings, cost, replay)
+        compared = compare(workloads, cells, settings, cost, replay, seeds)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(markdown(compared))

@@ -204,7 +204,7 @@ def simulate(
         # The gateway's own default, so "sticky" is sticky as deployed today.
         rehome_margin=GatewayConfig.rehome_margin,
     )
-    engines = [SimReplica.create(i, cost) for i in range(config.replicas)]
+    engines = [SimReplica.create(i, cost, config.seed) for i in range(config.replicas)]
     tenant = "sim"
     events: list[tuple[float, int, int, int, int]] = []
     seq = 0
