@@ -25,6 +25,8 @@ from offline.cli_options import (
 )
 from offline.replay import ReplayConfig, request_count
 from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.judge import judge
+from offline.sim.judge import markdown as judgement_markdown
 from offline.sim.report import markdown_table, write_outputs
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
 from router import COST_PRESETS, POLICY_NAMES
@@ -165,6 +167,12 @@ def simulate_command(
     of blocks, prefix cache with LRU eviction, chunked prefill, preemption by recompute)
     with step times from the --preset cost model. One cell per policy x strategy x load.
 
+    With sticky, sticky_cost and least_loaded among the policies it ends with issue 9's
+    judgement: at the knee load (the first where sticky reaches 90% of its best
+    throughput over the loads given), sticky_cost's hit rate against sticky's (at most 1
+    point below) and its p95 queue against least_loaded's (at most 10% above), with
+    round_robin beside them.
+
     \b
     Example (GPU scale):
       foldgate simulate shared/trajectories/norm --preset h200-qwen3.6-27b \\
@@ -267,8 +275,11 @@ def simulate_command(
     }
     argv = sys.argv[sys.argv.index("simulate") + 1 :] if "simulate" in sys.argv else sys.argv[1:]
     command = "foldgate simulate " + " ".join(shlex.quote(a) for a in argv)
-    write_outputs(done, out, setup, command)
+    verdict = judgement_markdown(judge(configs, done)) if len(done) == len(configs) else ""
+    write_outputs(done, out, setup, command, verdict)
     click.echo(markdown_table([r.summary() for r in done]))
+    if verdict:
+        click.echo("\n" + verdict)
     console.print(
         f"{len(done)} cells in {elapsed:.1f}s; wrote {out}/ (report.md, CSV, JSON, plots)"
     )

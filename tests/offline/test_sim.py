@@ -26,6 +26,8 @@ from offline.sim.calibrate import (
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.compare import bucket_bound, ordered_pairs, ordering
 from offline.sim.engine import SimReplica, SimRequest
+from offline.sim.judge import judge
+from offline.sim.judge import markdown as judgement_markdown
 from offline.sim.workload import build_workload
 from router.cost import CostModel
 
@@ -382,7 +384,7 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
             "--concurrency",
             "4",
             "--policy",
-            "sticky,round_robin",
+            "sticky,sticky_cost,least_loaded",
             "--strategy",
             "base,refold",
             "--duration",
@@ -408,11 +410,12 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
     }
     cells = json.loads((out / "results.json").read_text())["cells"]
     assert [(c["policy"], c["strategy"]) for c in cells] == [
-        ("sticky", "base"),
-        ("round_robin", "base"),
-        ("sticky", "refold"),
-        ("round_robin", "refold"),
+        (p, s) for s in ("base", "refold") for p in ("sticky", "sticky_cost", "least_loaded")
     ]
+    # The priced sticky's judgement, at the one load given, in the output and the report.
+    assert "one load simulated: judged there" in result.output
+    assert "- refold at 4 concurrent: sticky_cost's hit rate" in result.output
+    assert "## Priced sticky at the knee" in (out / "report.md").read_text()
 
 
 def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
@@ -554,3 +557,44 @@ def test_step_jitter_breaks_round_robins_lockstep(tmp_path: Path) -> None:
     assert len(set(locked)) == 1  # no jitter: the seed changes nothing here
     jittered = [hit_rate(0.25, seed) for seed in range(3)]
     assert np.mean(jittered) > locked[0] + 0.15
+
+
+def test_priced_sticky_is_judged_at_stickys_knee() -> None:
+    def cell(policy: str, load: int, steps: int, hits: int, queue: list[float]) -> CellResult:
+        return CellResult(policy=policy, strategy="base", load=f"{load} concurrent",
+                          window_s=60.0, requests=steps, prefix_queries=100, prefix_hits=hits,
+                          queue_s=queue, ttft_s=[], preemptions=0, moves=0,
+                          sessions_started=load)  # fmt: skip
+
+    c = cost()
+    configs, results = [], []
+    # sticky's throughput: 50, 95, 100 steps/min at 4, 8, 16 sessions: the knee is 8
+    # (the first at 90% of the best).
+    figures = {
+        "sticky": {4: (50, 80, [0.1]), 8: (95, 80, [1.0]), 16: (100, 80, [5.0])},
+        "sticky_cost": {4: (50, 80, [0.1]), 8: (96, 79, [1.1]), 16: (100, 70, [9.0])},
+        "least_loaded": {4: (50, 40, [0.1]), 8: (90, 40, [1.0]), 16: (99, 40, [1.0])},
+        "round_robin": {4: (50, 30, [0.2]), 8: (80, 30, [2.0]), 16: (90, 30, [3.0])},
+    }
+    for policy, by_load in figures.items():
+        for load, (steps, hits, queue) in by_load.items():
+            configs.append(SimConfig(policy=policy, strategy="base", cost=c, concurrency=load))
+            results.append(cell(policy, load, steps, hits, queue))
+    (j,) = judge(configs, results)
+    assert (j.load, j.loads) == ("8 concurrent", 3)
+    assert j.hit_points == pytest.approx(-1.0) and j.hit_ok  # at most 1 point below
+    assert j.queue_ratio == pytest.approx(1.1) and j.queue_ok  # at most 10% above
+    assert list(j.cells) == ["sticky", "sticky_cost", "least_loaded", "round_robin"]
+    text = judgement_markdown([j])
+    assert "| base | 8 concurrent | round_robin | 30.0% | 2.00 | 80.0 |" in text
+    assert "sticky_cost's hit rate -1.0 points against sticky's (pass)" in text
+    # One point more lost, or a p95 more than 10% above least_loaded's, fails.
+    results[configs.index(SimConfig("sticky_cost", "base", c, concurrency=8))] = cell(
+        "sticky_cost", 8, 96, 78, [1.2]
+    )
+    (worse,) = judge(configs, results)
+    assert not worse.hit_ok and not worse.queue_ok
+    assert "(FAIL)" in judgement_markdown([worse])
+    # Without least_loaded's cells there is nothing to judge.
+    kept = [i for i, cfg in enumerate(configs) if cfg.policy != "least_loaded"]
+    assert judge([configs[i] for i in kept], [results[i] for i in kept]) == []
