@@ -163,14 +163,16 @@ PRESETS: dict[str, CostModel] = {
         block_size=32,
         max_num_batched_tokens=2048,
         max_num_seqs=128,
-        # `foldgate simulate-fit --experiment` over two runs of the Locust quick profile
-        # (2026-11-30, 300 requests through the gateway; each run alone gave 34.2-35.7 ms
-        # and 157-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
-        per_output_token_s=0.0349,
-        per_request_s=0.161,
+        # `foldgate simulate-fit --experiment` over the Locust quick profile run on an idle
+        # machine (2026-12-01 02:32, /tmp/locust-w/quick-idle1, 280 requests through the
+        # gateway; load average 0.6 at its start): 2 replicas, their API servers, the
+        # gateway and Locust on 2 cores. Runs beside other work fit 51-69 ms, 252-368 ms
+        # and 0.32-0.42: these terms follow the machine's load (module docstring).
+        per_output_token_s=0.0435,
+        per_request_s=0.225,
         # The same command's spread of those requests' decode stretches around the fitted
-        # model (0.23 and 0.25 for each run alone).
-        step_jitter=0.25,
+        # model.
+        step_jitter=0.40,
     ),
 }
 

@@ -184,7 +184,11 @@ def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> Se
             # Requests decoding when this one was sent: the steps its prefill shares.
             beside = sum(1 for o in others if o.first_token <= r.start < o.end)
             context = sum(o.prompt_tokens for o in others if o.first_token <= r.start < o.end)
-            firsts.append((r, beside, context))
+            # A request sent while another on its replica still waited for its first token
+            # may queue behind it (for the budget or for KV): its latency is not only the
+            # serving path's.
+            if not any(o.start < r.start < o.first_token for o in others):
+                firsts.append((r, beside, context))
             steps = r.output_tokens - 1
             span = r.end - r.first_token
             if steps < 2 or span <= 0:

@@ -478,7 +478,7 @@ def _fit_serving_path(
     show_default=True,
     help="Simulations per cell (seeds 0..N-1), pooled: each draws the replicas' step-time "
     "jitter (the preset's step_jitter) anew. The simulated order of two cells counts only "
-    "where it holds beyond the spread over the seeds.",
+    "where it is clear of the seeds' noise (twice the standard error).",
 )
 @tokenizer_option
 def compare_command(
@@ -498,8 +498,9 @@ def compare_command(
     results.csv), one or several runs of the same profile. With several, the measured
     figures are their mean, and two cells count as ordered only where the difference of
     their means exceeds both cells' run-to-run spread (max - min over the runs); a smaller
-    difference is a tie, which either simulated order agrees with. The simulated side is
-    ordered by the same rule over its seeds.
+    difference is a tie, which either simulated order agrees with. The simulation orders
+    a pair where the mean over its seeds differs by more than twice the difference's
+    standard error.
     """
     from offline.sim.compare import compare, markdown, read_runs
 

@@ -14,9 +14,10 @@ Two cells count as ordered (by queue time or throughput) only where their differ
 larger than the run-to-run spread (``ordered_pairs``): two runs of one profile, with
 nothing changed, move a cell's figure by that much on this shared machine, so a smaller
 difference between two cells is not evidence of an order, and is a tie that either order
-agrees with. The simulation is judged by the same rule over its seeds: with the cost
-model's ``step_jitter`` each seed is another draw of the replicas' step times, and the
-simulated figures pool ``seeds`` runs.
+agrees with. With the cost model's ``step_jitter`` each seed is another draw of the
+replicas' step times; the simulated figures pool ``seeds`` runs, and the simulation
+orders a pair only where its seeds' mean difference is clear of their noise
+(``simulated_pairs``); a simulated tie agrees with either measured order.
 
 What the simulation replays (``REPLAYS``): ``policy``, the cell's routing policy, run by
 the simulator (the default); ``routes``, the replica each request went to as the run's
@@ -316,10 +317,32 @@ def ordered_pairs(measured: list[list[float]]) -> list[tuple[int, int, float]]:
     return pairs
 
 
+def simulated_pairs(simulated: list[list[float]]) -> dict[tuple[int, int], float]:
+    """The pairs of cells the simulation orders, ``(i, j) -> sign of mean_i - mean_j``;
+    ``simulated[s][i]`` is seed s's figure for cell i. The compared figure is the mean
+    over the seeds, so a pair is ordered when the means differ by more than twice the
+    standard error of their difference (about 95% confidence); the spread over the
+    seeds (unlike a few measured runs') would grow with more seeds instead of settling.
+    With one seed every unequal pair is ordered."""
+    n = len(simulated[0]) if simulated else 0
+    columns = [np.asarray([seed[i] for seed in simulated], dtype=float) for i in range(n)]
+    means = [float(c.mean()) for c in columns]
+    k = len(simulated)
+    variances = [float(c.var(ddof=1)) / k if k > 1 else 0.0 for c in columns]
+    pairs = {}
+    for i in range(n):
+        for j in range(i + 1, n):
+            difference = means[i] - means[j]
+            if abs(difference) > 2 * float(np.sqrt(variances[i] + variances[j])):
+                pairs[(i, j)] = float(np.sign(difference))
+    return pairs
+
+
 @dataclass(frozen=True, slots=True)
 class Ordering:
     """How the simulation orders the pairs the measurement orders: alike, the other way,
-    or as a tie (within the spread over its own seeds, which agrees with either order)."""
+    or as a tie (within its own seeds' noise, ``simulated_pairs``, which agrees with
+    either order)."""
 
     cells: int
     ordered: int  # pairs the measurement orders; the rest are measured ties
@@ -333,10 +356,9 @@ class Ordering:
 
 
 def ordering(measured: list[list[float]], simulated: list[list[float]]) -> Ordering:
-    """``measured[r][i]``: run r's figure for cell i; ``simulated[s][i]``: seed s's. The
-    same rule orders both sides (``ordered_pairs``)."""
+    """``measured[r][i]``: run r's figure for cell i; ``simulated[s][i]``: seed s's."""
     measured_pairs = ordered_pairs(measured)
-    simulated_sign = {(i, j): sign for i, j, sign in ordered_pairs(simulated)}
+    simulated_sign = simulated_pairs(simulated)
     alike = sum(simulated_sign.get((i, j)) == sign for i, j, sign in measured_pairs)
     opposite = sum(simulated_sign.get((i, j)) == -sign for i, j, sign in measured_pairs)
     n = len(measured[0]) if measured else 0

@@ -24,7 +24,7 @@ from offline.sim.calibrate import (
     prefill_phase,
 )
 from offline.sim.cluster import CellResult, SimConfig, simulate
-from offline.sim.compare import bucket_bound, ordered_pairs, ordering
+from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
@@ -232,8 +232,11 @@ def test_cells_are_ordered_only_beyond_the_run_to_run_spread() -> None:
     assert ordered_pairs([[1.0, 2.0], [1.1, 2.2]]) == [(0, 1, -1.0)]
     # One run: no spread known, every unequal pair is ordered; equal ones are not.
     assert ordered_pairs([[1.0, 1.0, 2.0]]) == [(0, 2, -1.0), (1, 2, -1.0)]
-    # The simulation is ordered by the same rule over its seeds.
-    alike = ordering(runs, [[1.0, 1.5, 5.0], [1.2, 1.0, 5.5]])
+    # The simulation orders a pair when its seeds' means differ by more than twice the
+    # difference's standard error.
+    assert simulated_pairs([[1.0, 2.0], [1.2, 2.2]]) == {(0, 1): -1.0}  # 1.0 > 2 * 0.14
+    assert simulated_pairs([[1.0, 2.0], [2.0, 1.2]]) == {}  # 0.1 apart, error 0.64
+    alike = ordering(runs, [[1.0, 1.5, 5.0], [1.2, 1.1, 5.5]])
     assert (alike.ordered, alike.alike, alike.opposite, alike.tied, alike.same) == (
         2, 2, 0, 0, True)  # fmt: skip
     swapped = ordering(runs, [[1.0, 4.0, 3.0]])  # 1 above 2: the runs put 2 above 1
