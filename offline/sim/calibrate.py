@@ -240,6 +240,50 @@ def fit_serving_path(requests: Sequence[ServedRequest], engine: CostModel) -> Se
     return ServingPathFit(per_token, max(0.0, float(np.median(left))), jitter, len(requests))
 
 
+@dataclass(frozen=True, slots=True)
+class TokenInterval:
+    """A request's time between streamed tokens as a line in how many other requests were
+    decoding meanwhile, on its own replica and on the others: where the serving path's
+    per-token work is done (per replica, or shared by the whole machine)."""
+
+    alone_s: float
+    per_same_replica_s: float
+    per_other_replica_s: float
+    r2: float
+    requests: int
+
+
+def token_interval(requests: Sequence[ServedRequest]) -> TokenInterval:
+    """Least squares over every request with at least two tokens after its first: its
+    mean interval against the time-weighted count of others decoding on its replica and
+    on other replicas during its stretch (requests of different runs never overlap: their
+    clocks are apart)."""
+    rows, ys = [], []
+    for r in requests:
+        span = r.end - r.first_token
+        if r.output_tokens < 3 or span <= 0:
+            continue
+        same = other = 0.0
+        for o in requests:
+            if o is r:
+                continue
+            share = _overlap(r.first_token, r.end, o.first_token, o.end) / span
+            if o.replica == r.replica:
+                same += share
+            else:
+                other += share
+        rows.append((1.0, same, other))
+        ys.append(span / (r.output_tokens - 1))
+    if len(rows) < 3:
+        raise ValueError("fewer than 3 requests with a decode stretch")
+    a, y = np.asarray(rows), np.asarray(ys)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    residual = y - a @ coef
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float((residual**2).sum()) / total if total > 0 else 1.0
+    return TokenInterval(float(coef[0]), float(coef[1]), float(coef[2]), r2, len(ys))
+
+
 async def _stream(
     session: aiohttp.ClientSession,
     url: str,

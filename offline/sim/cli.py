@@ -337,8 +337,10 @@ def fit_command(
 
     --experiment: what the requests the Locust users logged took beyond the engine terms'
     prediction (the API server's and the gateway's work per streamed token, sharing the
-    replicas' cores, and per request), as per_output_token_s and per_request_s; and how
-    widely their decode stretches spread around the fitted model, as step_jitter.
+    replicas' cores, and per request), as per_output_token_s and per_request_s; how
+    widely their decode stretches spread around the fitted model, as step_jitter; and the
+    time between streamed tokens against how many requests decoded beside each one, on
+    its replica and on the others (where the serving path's per-token work lands).
     """
     import asyncio
     import json
@@ -420,7 +422,7 @@ def _fit_serving_path(
     import dataclasses
     import json
 
-    from offline.sim.calibrate import fit_serving_path
+    from offline.sim.calibrate import fit_serving_path, token_interval
     from offline.sim.compare import read_experiment
 
     served = [r for folder in experiments for c in read_experiment(folder)[1] for r in c.served()]
@@ -436,8 +438,21 @@ def _fit_serving_path(
         f"per_output_token_s={fit.per_output_token_s:.3g}, "
         f"per_request_s={fit.per_request_s:.3g}, step_jitter={fit.step_jitter:.2g},"
     )
+    record = dataclasses.asdict(fit)
+    try:
+        interval = token_interval(served)
+    except ValueError:
+        interval = None  # too few requests to tell where the per-token work lands
+    if interval is not None:
+        click.echo(
+            f"time between streamed tokens: {1e3 * interval.alone_s:.0f} ms, "
+            f"{1e3 * interval.per_same_replica_s:+.0f} ms per other request decoding on its "
+            f"replica, {1e3 * interval.per_other_replica_s:+.0f} ms per request decoding on "
+            f"another (R² {interval.r2:.2f}, {interval.requests} requests)"
+        )
+        record["token_interval"] = dataclasses.asdict(interval)
     if json_path is not None:
-        json_path.write_text(json.dumps(dataclasses.asdict(fit), indent=1))
+        json_path.write_text(json.dumps(record, indent=1))
 
 
 @click.command("simulate-compare")

@@ -22,6 +22,7 @@ from offline.sim.calibrate import (
     fit_coefficients,
     fit_serving_path,
     prefill_phase,
+    token_interval,
 )
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
@@ -601,3 +602,23 @@ def test_priced_sticky_is_judged_at_stickys_knee() -> None:
     # Without least_loaded's cells there is nothing to judge.
     kept = [i for i, cfg in enumerate(configs) if cfg.policy != "least_loaded"]
     assert judge([configs[i] for i in kept], [results[i] for i in kept]) == []
+
+
+def test_token_interval_separates_its_replicas_decoders_from_the_others() -> None:
+    # 50 ms between tokens alone, +40 ms per other request decoding on the same replica,
+    # +5 ms per request decoding on another. Each group: n requests decoding side by side
+    # on r0 for one stretch, while m requests on r1 decode throughout it (2 tokens each:
+    # too short to be fitted themselves, but decoding beside the others).
+    requests, t = [], 0.0
+    for n, m in [(1, 0), (2, 0), (3, 0), (1, 1), (1, 2), (2, 1), (3, 3)]:
+        span = 20 * (0.05 + 0.04 * (n - 1) + 0.005 * m)
+        requests += [ServedRequest("r0", t, t + 1, t + 1 + span, 500, 0, 21) for _ in range(n)]
+        requests += [ServedRequest("r1", t, t, t + 2 + span, 500, 0, 2) for _ in range(m)]
+        t += 100.0
+    got = token_interval(requests)
+    assert (got.alone_s, got.per_same_replica_s, got.per_other_replica_s) == pytest.approx(
+        (0.05, 0.04, 0.005), rel=1e-6
+    )
+    assert got.r2 == pytest.approx(1.0) and got.requests == 13
+    with pytest.raises(ValueError, match="fewer than 3"):
+        token_interval(requests[:2])
