@@ -12,7 +12,9 @@ assignments in an in-memory store with the same compare-and-set contract as the 
 
 Everything random comes from the seed: session s draws its trajectory and think times from
 its own generator, so two cells (policies, strategies) with one seed replay the same
-sessions with the same pauses and differ only in what the cell changes.
+sessions with the same pauses and differ only in what the cell changes. Replica i draws
+its step-time jitter (the cost model's ``step_jitter``) from a generator of its own, seeded
+by the seed and i.
 """
 
 from __future__ import annotations

@@ -115,9 +115,10 @@ def markdown(judgements: Sequence[Judgement]) -> str:
     ]
     for j in judgements:
         for policy, cell in j.cells.items():
+            row = cell.summary()  # rounded as the cells' table is
             lines.append(
-                f"| {j.strategy} | {j.load} | {policy} | {100 * cell.hit_rate:.1f}% | "
-                f"{j.p95(cell):.2f} | {cell.steps_per_min:,.1f} |"
+                f"| {j.strategy} | {j.load} | {policy} | {100 * row['prefix_hit_rate']:.1f}% | "
+                f"{row['queue_p95_s']:.2f} | {row['session_steps_per_min']:,.1f} |"
             )
     lines.append("")
     for j in judgements:
