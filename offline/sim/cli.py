@@ -489,7 +489,7 @@ def _fit_serving_path(
 @click.option(
     "--seeds",
     type=click.IntRange(min=1),
-    default=5,
+    default=20,
     show_default=True,
     help="Simulations per cell (seeds 0..N-1), pooled: each draws the replicas' step-time "
     "jitter (the preset's step_jitter) anew. The simulated order of two cells counts only "

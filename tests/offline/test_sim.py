@@ -30,6 +30,7 @@ from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
 from offline.sim.workload import build_workload
+from router import make_policy
 from router.cost import CostModel
 
 
@@ -497,7 +498,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
     assert row.startswith("| base_sticky_u2 | 60.0% |")  # the runs' mean, then simulated
     assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
-    assert "mean of 2 runs; simulated: 5 simulations pooled; prefix hit within" in result.output
+    assert "mean of 2 runs; simulated: 20 simulations pooled; prefix hit within" in result.output
     assert "same order by steps/min: yes (0 of 0 pairs ordered" in result.output
     one = CliRunner().invoke(main, ["simulate-compare", runs[0], "--root", str(tmp_path),
                                     "--tokenizer", "estimate", "--seeds", "1"])  # fmt: skip
@@ -622,3 +623,43 @@ def test_token_interval_separates_its_replicas_decoders_from_the_others() -> Non
     assert got.r2 == pytest.approx(1.0) and got.requests == 13
     with pytest.raises(ValueError, match="fewer than 3"):
         token_interval(requests[:2])
+
+
+def test_sessions_starting_together_are_routed_in_a_seeded_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Five sessions with no think time send their first requests at one instant; which the
+    # gateway routes first is arbitrary, so the simulator draws it from the seed.
+    import offline.sim.cluster as cluster
+
+    routed: list[str] = []
+
+    def recording(name: str, **kwargs: Any) -> Any:
+        policy = make_policy(name, **kwargs)
+        choose = policy.choose
+
+        async def record(tenant: str, session: str, pool: Any, **kw: Any) -> Any:
+            routed.append(session)
+            return await choose(tenant, session, pool, **kw)
+
+        policy.choose = record  # type: ignore[method-assign]
+        return policy
+
+    monkeypatch.setattr(cluster, "make_policy", recording)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path, steps=1)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def first_routed(seed: int, think_s: float = 0.0) -> list[str]:
+        routed.clear()
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(), replicas=2,
+                           concurrency=5, sessions=5, think_s=think_s, warmup_s=0.0,
+                           seed=seed)  # fmt: skip
+        simulate(workload, config)
+        return routed[:5]
+
+    orders = {tuple(first_routed(seed)) for seed in range(6)}
+    assert all(sorted(o) == ["0", "1", "2", "3", "4"] for o in orders)
+    assert len(orders) > 1 and first_routed(3) == first_routed(3)
