@@ -209,11 +209,20 @@ def test_serving_path_fit_recovers_the_terms_that_made_the_requests() -> None:
     both = 2 * (engine.per_step_s + 2 * (engine.per_decode_seq_s + per_token))
     for _ in range(2):
         requests.append(ServedRequest("r1", 0.0, 1.0, 1.0 + 30 * both / 2, 800, 0, 31))
+    # On a third replica, one request alone, and three sent while it still waited for its
+    # first token: they queued (5 s), which is not the serving path's latency, and would
+    # move the median if counted.
+    prefill = engine.per_step_s + 400 * engine.per_prefill_token_s
+    alone = 500.0 + per_request + prefill
+    requests.append(ServedRequest("r2", 500.0, alone, alone + 0.01, 400, 0, 2))
+    for k in range(3):
+        sent = 500.0 + 0.001 * (k + 1)
+        requests.append(ServedRequest("r2", sent, sent + 5.0, sent + 5.01, 400, 0, 2))
     fit = fit_serving_path(requests, engine)
     assert fit.per_output_token_s == pytest.approx(per_token, rel=0.02)
     assert fit.per_request_s == pytest.approx(per_request, rel=0.05)
     # Every stretch is what the terms predict: no spread around the model.
-    assert fit.step_jitter == pytest.approx(0.0, abs=0.01) and fit.requests == 5
+    assert fit.step_jitter == pytest.approx(0.0, abs=0.01) and fit.requests == 9
     # Stretches half as long again and half as short again as predicted spread by about
     # log(1.5) around it (the interquartile range of those logs over 1.349).
     spread = [replace(r, end=r.first_token + (r.end - r.first_token) * f)
