@@ -18,6 +18,13 @@ its whole KV cache once per step). Two more terms cover the serving path around 
   no engine time (the gateway's render and routing, HTTP, the API server's chat template
   and tokenization).
 
+``step_jitter`` is how much real step times wander around the model: the log-space
+standard deviation of a request's measured decode stretch over the model's prediction
+(``simulate-fit --experiment``). Where a replica shares its cores with other processes the
+engine's speed changes with what they are doing, so the simulator draws a speed factor
+(lognormal, mean 1) for a replica each time its batch changes and keeps it while the batch
+stays. 0 is a deterministic replica.
+
 Presets:
 
 - ``cpu-tiny``: the random-weight tiny model of ``deploy/cpu`` on vLLM-CPU, one core per
@@ -51,6 +58,7 @@ class CostModel:
     # The serving path around the engine (module docstring).
     per_output_token_s: float = 0.0
     per_request_s: float = 0.0
+    step_jitter: float = 0.0
 
     def __post_init__(self) -> None:
         costs = (
@@ -60,6 +68,7 @@ class CostModel:
             self.per_attended_token_s,
             self.per_output_token_s,
             self.per_request_s,
+            self.step_jitter,
         )
         if any(c < 0 or not math.isfinite(c) for c in costs):
             raise ValueError(f"cost model {self.name!r}: coefficients must be finite and >= 0")
@@ -154,11 +163,16 @@ PRESETS: dict[str, CostModel] = {
         block_size=32,
         max_num_batched_tokens=2048,
         max_num_seqs=128,
-        # `foldgate simulate-fit --experiment` over two runs of the Locust quick profile
-        # (2026-11-30, 300 requests through the gateway; each run alone gave 34.2-35.7 ms
-        # and 157-161 ms): 2 replicas, their API servers, the gateway and Locust on 2 cores.
-        per_output_token_s=0.0349,
-        per_request_s=0.161,
+        # `foldgate simulate-fit --experiment` over the Locust quick profile run on an idle
+        # machine (2026-12-01 02:32, /tmp/locust-w/quick-idle1, 280 requests through the
+        # gateway; load average 0.6 at its start): 2 replicas, their API servers, the
+        # gateway and Locust on 2 cores. Runs beside other work fit 51-69 ms, 252-368 ms
+        # and 0.32-0.42: these terms follow the machine's load (module docstring).
+        per_output_token_s=0.0435,
+        per_request_s=0.225,
+        # The same command's spread of those requests' decode stretches around the fitted
+        # model.
+        step_jitter=0.40,
     ),
 }
 

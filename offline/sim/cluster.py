@@ -12,7 +12,9 @@ assignments in an in-memory store with the same compare-and-set contract as the 
 
 Everything random comes from the seed: session s draws its trajectory and think times from
 its own generator, so two cells (policies, strategies) with one seed replay the same
-sessions with the same pauses and differ only in what the cell changes.
+sessions with the same pauses and differ only in what the cell changes. Replica i draws
+its step-time jitter (the cost model's ``step_jitter``) from a generator of its own, seeded
+by the seed and i.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def simulate(
         # The gateway's own default, so "sticky" is sticky as deployed today.
         rehome_margin=GatewayConfig.rehome_margin,
     )
-    engines = [SimReplica.create(i, cost) for i in range(config.replicas)]
+    engines = [SimReplica.create(i, cost, config.seed) for i in range(config.replicas)]
     tenant = "sim"
     events: list[tuple[float, int, int, int, int]] = []
     seq = 0
@@ -234,6 +236,7 @@ def simulate(
     )
 
     order = session_order(workload, config.seed, shuffle=config.shuffle)
+    together: list[int] | None = None  # first sends held back to be ordered (below)
 
     def start_session(now: float) -> None:
         nonlocal next_id, started
@@ -250,7 +253,10 @@ def simulate(
         started += 1
         # Sessions do not start in lockstep: the first request after one think time.
         first = now + rng.expovariate(1 / config.think_s) if config.think_s else now
-        push(send_time(s, first), _SEND, s.index)
+        if together is not None:
+            together.append(s.index)
+        else:
+            push(send_time(s, first), _SEND, s.index)
 
     def send_time(s: _Session, t: float) -> float:
         if config.send_times is None:
@@ -331,8 +337,18 @@ def simulate(
             start_session(now)
 
     if config.concurrency is not None:
+        # Without think time the first sessions send their first requests at one instant;
+        # which of them the gateway routes first is arbitrary (whichever request's render
+        # and routing finish first), and it decides which sessions share a replica: the
+        # order is drawn from the seed, not fixed by session index.
+        together = [] if not config.think_s else None
         for _ in range(config.concurrency):
             start_session(0.0)
+        if together is not None:
+            master.shuffle(together)
+            for index in together:
+                push(send_time(sessions[index], 0.0), _SEND, index)
+            together = None
     else:
         assert config.arrival_rate is not None
         push(master.expovariate(config.arrival_rate), _ARRIVE)

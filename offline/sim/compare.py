@@ -9,10 +9,15 @@ reply lengths) becomes a ``SimConfig`` with the same replicas, KV pool, routing 
 strategy; the simulator's replica shape comes from the ``cpu-tiny`` preset with the cell's
 KV pool.
 
-Several runs of one profile can be compared at once: the measured figures are their mean,
-and two cells count as ordered (by queue time or throughput) only where every run orders
-them alike; where the runs disagree the difference is within the measurement's own noise,
-and either order agrees with it.
+Several runs of one profile can be compared at once: the measured figures are their mean.
+Two cells count as ordered (by queue time or throughput) only where their difference is
+larger than the run-to-run spread (``ordered_pairs``): two runs of one profile, with
+nothing changed, move a cell's figure by that much on this shared machine, so a smaller
+difference between two cells is not evidence of an order, and is a tie that either order
+agrees with. With the cost model's ``step_jitter`` each seed is another draw of the
+replicas' step times; the simulated figures pool ``seeds`` runs, and the simulation
+orders a pair only where its seeds' mean difference is clear of their noise
+(``simulated_pairs``); a simulated tie agrees with either measured order.
 
 What the simulation replays (``REPLAYS``): ``policy``, the cell's routing policy, run by
 the simulator (the default); ``routes``, the replica each request went to as the run's
@@ -162,6 +167,7 @@ def sim_config(
     base: CostModel,
     routes: dict[tuple[int, int], int] | None = None,
     send_times: dict[tuple[int, int], float] | None = None,
+    seed: int = 0,
 ) -> SimConfig:
     if str(settings.get("think_time", "0")) != "0":
         raise ValueError(
@@ -182,26 +188,32 @@ def sim_config(
         warmup_s=0.0,
         routes=routes,
         send_times=send_times,
+        seed=seed,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Compared:
-    """One cell: its measured rows (one per run of the profile) and the simulated run."""
+    """One cell: its measured rows (one per run of the profile) and its simulations (one
+    per seed, or per run when a run's log is replayed), pooled in ``simulated``."""
 
     runs: tuple[LocustCell, ...]
-    simulated: CellResult
-    simulated_runs: int = 1  # simulations pooled in ``simulated`` (one per run, replayed)
+    simulations: tuple[CellResult, ...]
 
     @property
     def name(self) -> str:
         return self.runs[0].name
 
+    @property
+    def simulated(self) -> CellResult:
+        return pooled(list(self.simulations))
+
     def measured(self, column: str) -> float:
         return float(np.mean([c.number(column) for c in self.runs]))
 
-    def simulated_figure(self, column: str) -> float:
-        sim = self.simulated
+    def simulated_figure(self, column: str, sim: CellResult | None = None) -> float:
+        """The figure of the pooled simulations, or of one of them."""
+        sim = self.simulated if sim is None else sim
         if column == "vllm_prefix_hit_rate":
             return sim.hit_rate
         if column == "vllm_queue_time_mean_s":
@@ -227,7 +239,7 @@ class Compared:
             row[f"{label} measured"] = self.measured(column)
             row[f"{label} simulated"] = self.simulated_figure(column)
         row["prompt tokens measured"] = self.measured("vllm_prompt_tokens")
-        row["prompt tokens simulated"] = self.simulated.prefix_queries / self.simulated_runs
+        row["prompt tokens simulated"] = self.simulated.prefix_queries / len(self.simulations)
         return row
 
 
@@ -253,57 +265,117 @@ def compare(
     settings: dict[str, Any],
     base: CostModel,
     replay: str = "policy",
+    seeds: int = 1,
 ) -> list[Compared]:
     """Simulate each cell (its runs' settings are one profile's); ``workloads`` is keyed
-    by strategy. ``replay``: ``policy`` runs the cell's policy; ``routes`` and ``schedule``
-    replay each run's log (see the module's docstring), one simulation per run, pooled."""
+    by strategy. ``replay``: ``policy`` runs the cell's policy once per seed (0 to
+    ``seeds`` - 1); ``routes`` and ``schedule`` replay each run's log (see the module's
+    docstring), once per run and seed. The simulations are pooled."""
     if replay not in REPLAYS:
         raise ValueError(f"replay must be one of {REPLAYS}, got {replay!r}")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
     compared = []
     for runs in cells:
         workload = workloads[runs[0].strategy]
-        if replay == "policy":
-            compared.append(Compared(runs, simulate(workload, sim_config(runs[0], settings, base))))
-            continue
         simulated = []
-        for run in runs:
-            routes, times = logged_schedule(run, workload)
-            timed = times if replay == "schedule" else None
-            config = sim_config(run, settings, base, routes, timed)
-            simulated.append(simulate(workload, config))
-        compared.append(Compared(runs, pooled(simulated), len(simulated)))
+        for seed in range(seeds):
+            if replay == "policy":
+                config = sim_config(runs[0], settings, base, seed=seed)
+                simulated.append(simulate(workload, config))
+                continue
+            for run in runs:
+                routes, times = logged_schedule(run, workload)
+                timed = times if replay == "schedule" else None
+                config = sim_config(run, settings, base, routes, timed, seed=seed)
+                simulated.append(simulate(workload, config))
+        compared.append(Compared(runs, tuple(simulated)))
     return compared
 
 
+def spread(values: list[float]) -> float:
+    """How far one cell's figure moved between runs with nothing changed (max - min)."""
+    return max(values) - min(values) if values else 0.0
+
+
 def ordered_pairs(measured: list[list[float]]) -> list[tuple[int, int, float]]:
-    """The pairs of cells (i, j, sign of i - j) every run orders alike; ``measured[r][i]``
-    is run r's figure for cell i. A pair the runs order differently, or tie, is not
-    ordered: its difference is within the measurement's noise."""
+    """The pairs of cells (i, j, sign of mean_i - mean_j) the runs order; ``measured[r][i]``
+    is run r's figure for cell i. A pair is ordered when the difference of the cells'
+    means exceeds the run-to-run spread of both cells (``spread``): a difference no larger
+    than what one cell moves between two runs of the same profile is a tie. With one run
+    the spread is unknown (0) and every unequal pair is ordered."""
     n = len(measured[0]) if measured else 0
+    columns = [[run[i] for run in measured] for i in range(n)]
+    means = [float(np.mean(c)) for c in columns]
+    spreads = [spread(c) for c in columns]
     pairs = []
     for i in range(n):
         for j in range(i + 1, n):
-            signs = {float(np.sign(run[i] - run[j])) for run in measured}
-            if len(signs) == 1 and 0 not in signs:
-                pairs.append((i, j, signs.pop()))
+            difference = means[i] - means[j]
+            if abs(difference) > max(spreads[i], spreads[j]):
+                pairs.append((i, j, float(np.sign(difference))))
     return pairs
 
 
-def same_order(measured: list[list[float]], simulated: list[float]) -> bool:
-    """Does the simulation rank every ordered pair (``ordered_pairs``) as the runs do?
-    A tie in the simulation agrees with either order."""
-    return all(sign * (simulated[i] - simulated[j]) >= 0 for i, j, sign in ordered_pairs(measured))
+def simulated_pairs(simulated: list[list[float]]) -> dict[tuple[int, int], float]:
+    """The pairs of cells the simulation orders, ``(i, j) -> sign of mean_i - mean_j``;
+    ``simulated[s][i]`` is seed s's figure for cell i. The compared figure is the mean
+    over the seeds, so a pair is ordered when the means differ by more than twice the
+    standard error of their difference (about 95% confidence); the spread over the
+    seeds (unlike a few measured runs') would grow with more seeds instead of settling.
+    With one seed every unequal pair is ordered."""
+    n = len(simulated[0]) if simulated else 0
+    columns = [np.asarray([seed[i] for seed in simulated], dtype=float) for i in range(n)]
+    means = [float(c.mean()) for c in columns]
+    k = len(simulated)
+    variances = [float(c.var(ddof=1)) / k if k > 1 else 0.0 for c in columns]
+    pairs = {}
+    for i in range(n):
+        for j in range(i + 1, n):
+            difference = means[i] - means[j]
+            if abs(difference) > 2 * float(np.sqrt(variances[i] + variances[j])):
+                pairs[(i, j)] = float(np.sign(difference))
+    return pairs
 
 
-def orderings(compared: list[Compared]) -> dict[str, tuple[bool, int]]:
-    """Per ordered figure: do the simulated cells rank as every measured run does, and
-    over how many ordered pairs?"""
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """How the simulation orders the pairs the measurement orders: alike, the other way,
+    or as a tie (within its own seeds' noise, ``simulated_pairs``, which agrees with
+    either order)."""
+
+    cells: int
+    ordered: int  # pairs the measurement orders; the rest are measured ties
+    alike: int
+    opposite: int
+    tied: int
+
+    @property
+    def same(self) -> bool:
+        return self.opposite == 0
+
+
+def ordering(measured: list[list[float]], simulated: list[list[float]]) -> Ordering:
+    """``measured[r][i]``: run r's figure for cell i; ``simulated[s][i]``: seed s's."""
+    measured_pairs = ordered_pairs(measured)
+    simulated_sign = simulated_pairs(simulated)
+    alike = sum(simulated_sign.get((i, j)) == sign for i, j, sign in measured_pairs)
+    opposite = sum(simulated_sign.get((i, j)) == -sign for i, j, sign in measured_pairs)
+    n = len(measured[0]) if measured else 0
+    return Ordering(n, len(measured_pairs), alike, opposite, len(measured_pairs) - alike - opposite)
+
+
+def orderings(compared: list[Compared]) -> dict[str, Ordering]:
+    """Per ordered figure: how the simulated cells rank the pairs the measured runs order."""
     n_runs = len(compared[0].runs) if compared else 0
+    n_sims = len(compared[0].simulations) if compared else 0
     checks = {}
     for column, label in MEASURES[:ORDERED]:
         measured = [[c.runs[r].number(column) for c in compared] for r in range(n_runs)]
-        simulated = [c.simulated_figure(column) for c in compared]
-        checks[label] = (same_order(measured, simulated), len(ordered_pairs(measured)))
+        simulated = [
+            [c.simulated_figure(column, c.simulations[s]) for c in compared] for s in range(n_sims)
+        ]
+        checks[label] = ordering(measured, simulated)
     return checks
 
 
@@ -328,15 +400,23 @@ def markdown(compared: list[Compared]) -> str:
     lines += ["| " + " | ".join(fmt(k, r[k]) for k in keys) + " |" for r in rows]
     within = sum(abs(r["hit diff (points)"]) <= 5 for r in rows)
     runs = len(compared[0].runs)
+    sims = len(compared[0].simulations)
     pairs = len(rows) * (len(rows) - 1) // 2
-    order = "; ".join(
-        f"same order by {label}: {'yes' if ok else 'no'} ({n} of {pairs} pairs ordered by "
-        f"the measurement)"
-        for label, (ok, n) in orderings(compared).items()
-    )
     lines.append("")
     lines.append(
-        f"measured: mean of {runs} run{'s' if runs > 1 else ''}; prefix hit within 5 points: "
-        f"{within} of {len(rows)} cells; {order}"
+        f"measured: mean of {runs} run{'s' if runs > 1 else ''}; simulated: {sims} "
+        f"simulation{'s' if sims > 1 else ''} pooled; prefix hit within 5 points: "
+        f"{within} of {len(rows)} cells"
     )
+    if runs == 1:
+        lines.append(
+            "one measured run: its spread is unknown, so every unequal pair counts as ordered"
+        )
+    for label, o in orderings(compared).items():
+        lines.append(
+            f"- same order by {label}: {'yes' if o.same else 'no'} ({o.ordered} of {pairs} "
+            f"pairs ordered by the measurement, {pairs - o.ordered} ties within its "
+            f"run-to-run spread; the simulation orders {o.alike} alike, {o.opposite} the "
+            f"other way, {o.tied} as ties)"
+        )
     return "\n".join(lines)

@@ -18,7 +18,11 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
   request whose blocks do not fit (head of line): all of its blocks, not just the first
   chunk's, as vLLM checks by default (``scheduler_reserve_full_isl``).
 - The step's duration comes from the cost model (with the streaming of every token it
-  emits, where the serving path shares the engine's cores). A prefill that completes
+  emits, where the serving path shares the engine's cores), times the replica's speed
+  factor: with the cost model's ``step_jitter`` a lognormal draw (mean 1) from the
+  replica's own seeded generator, made whenever the batch changes (a request admitted,
+  finished or preempted) and kept while it stays, as a shared core's speed follows what
+  else is running. A prefill that completes
   samples the first token in the same step; every decode step adds one token; a request
   ends after its output.
 
@@ -30,6 +34,7 @@ most for the step in progress, as in the engine).
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -94,10 +99,22 @@ class SimReplica:
     stats: ReplicaStats = field(default_factory=ReplicaStats)
     pending: _Pending | None = None
     version: int = 0  # bumps when the pending step's end moves
+    rng: random.Random = field(default_factory=random.Random)
+    speed: float = 1.0  # step-time factor of the current batch (cost.step_jitter)
+    batch_changed: bool = True
 
     @classmethod
-    def create(cls, index: int, cost: CostModel) -> SimReplica:
-        return cls(index, cost, BlockPool(cost.kv_pool_blocks))
+    def create(cls, index: int, cost: CostModel, seed: int = 0) -> SimReplica:
+        rng = random.Random(seed * 1_000_003 + 7_919 * (index + 1))
+        return cls(index, cost, BlockPool(cost.kv_pool_blocks), rng=rng)
+
+    def _step_factor(self) -> float:
+        """The speed factor for the step being planned: redrawn when the batch changed."""
+        sigma = self.cost.step_jitter
+        if sigma > 0 and self.batch_changed:
+            self.speed = math.exp(self.rng.gauss(-sigma * sigma / 2, sigma))
+        self.batch_changed = False
+        return self.speed
 
     @property
     def busy(self) -> bool:
@@ -172,6 +189,7 @@ class SimReplica:
                     req.computed = hit
                 self.waiting.popleft()
                 self.running.append(req)
+                self.batch_changed = True
                 scheduled.append((req, n))
                 budget -= n
         if not scheduled:
@@ -189,7 +207,7 @@ class SimReplica:
                 emitted += 1
             if r.first_scheduled is None:
                 r.first_scheduled = now
-        step_s = self.cost.step_s(tokens - decode, decode, attended, emitted)
+        step_s = self.cost.step_s(tokens - decode, decode, attended, emitted) * self._step_factor()
         self.pending = _Pending(scheduled, now, step_s)
         self.version += 1
         return now + step_s
@@ -219,7 +237,7 @@ class SimReplica:
             return None
         n = len(running)
         attended = computed + n * (repeat + 1) // 2
-        step_s = self.cost.step_s(0, n, attended)
+        step_s = self.cost.step_s(0, n, attended) * self._step_factor()
         self.pending = _Pending([(r, 1) for r in self.running], now, step_s, repeat)
         self.version += 1
         return now + repeat * step_s
@@ -254,6 +272,7 @@ class SimReplica:
         for req in done:
             self.running.remove(req)
             self._free(req)
+        self.batch_changed |= bool(done)
         return first, done
 
     # --- blocks ---------------------------------------------------------------------
@@ -290,6 +309,7 @@ class SimReplica:
         req.anonymous = 0
 
     def _preempt(self, req: SimRequest) -> None:
+        self.batch_changed = True
         self._free(req)
         req.computed = 0
         req.preemptions += 1

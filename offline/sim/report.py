@@ -48,9 +48,14 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_outputs(
-    results: Sequence[CellResult], out: Path, setup: Mapping[str, Any], command: str
+    results: Sequence[CellResult],
+    out: Path,
+    setup: Mapping[str, Any],
+    command: str,
+    extra: str = "",
 ) -> list[Path]:
-    """Write results.csv, results.json, report.md and plots into ``out``."""
+    """Write results.csv, results.json, report.md (with ``extra`` markdown after the
+    table's notes) and plots into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [r.summary() for r in results]
     written = []
@@ -87,7 +92,8 @@ def write_outputs(
         "completed per simulated minute after warm-up. Moves: sessions re-homed by the "
         "policy. KV: the replicas' KV usage (cached unreferenced blocks count free), mean "
         "over replicas and scrapes, and the highest one seen.\n\n"
-        "![KV usage](kv_usage.png)\n\n![cells](cells.png)\n"
+        + (f"{extra}\n\n" if extra else "")
+        + "![KV usage](kv_usage.png)\n\n![cells](cells.png)\n"
     )
     written.append(md_path)
     written.extend(_plots(results, out))

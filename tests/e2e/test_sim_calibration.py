@@ -109,8 +109,10 @@ def test_simulated_prefix_hits_match_a_real_replica(vllm_replicas: list[str]) ->
     # clean CI run measured 0.79 s against 1.20 s predicted, another passed within 1.5x):
     # the figure is recorded, and throughput is judged over whole Locust runs
     # (`foldgate simulate-compare`), not asserted here.
-    per_token, per_request = fit_serving_path(cells["base"].served, cost)
-    fitted = replace(cost, per_output_token_s=per_token, per_request_s=per_request)
+    fit = fit_serving_path(cells["base"].served, cost)
+    fitted = replace(
+        cost, per_output_token_s=fit.per_output_token_s, per_request_s=fit.per_request_s
+    )
     predicted = simulate(workload, cell("refold", fitted)).window_s
     assert predicted > 0 and cells["refold"].seconds > 0
     record_figures(

@@ -22,11 +22,15 @@ from offline.sim.calibrate import (
     fit_coefficients,
     fit_serving_path,
     prefill_phase,
+    token_interval,
 )
 from offline.sim.cluster import CellResult, SimConfig, simulate
-from offline.sim.compare import bucket_bound, ordered_pairs, same_order
+from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
 from offline.sim.engine import SimReplica, SimRequest
+from offline.sim.judge import judge
+from offline.sim.judge import markdown as judgement_markdown
 from offline.sim.workload import build_workload
+from router import make_policy
 from router.cost import CostModel
 
 
@@ -205,20 +209,88 @@ def test_serving_path_fit_recovers_the_terms_that_made_the_requests() -> None:
     both = 2 * (engine.per_step_s + 2 * (engine.per_decode_seq_s + per_token))
     for _ in range(2):
         requests.append(ServedRequest("r1", 0.0, 1.0, 1.0 + 30 * both / 2, 800, 0, 31))
-    fitted_token, fitted_request = fit_serving_path(requests, engine)
-    assert fitted_token == pytest.approx(per_token, rel=0.02)
-    assert fitted_request == pytest.approx(per_request, rel=0.05)
+    # On a third replica, one request alone, and three sent while it still waited for its
+    # first token: they queued (5 s), which is not the serving path's latency, and would
+    # move the median if counted.
+    prefill = engine.per_step_s + 400 * engine.per_prefill_token_s
+    alone = 500.0 + per_request + prefill
+    requests.append(ServedRequest("r2", 500.0, alone, alone + 0.01, 400, 0, 2))
+    for k in range(3):
+        sent = 500.0 + 0.001 * (k + 1)
+        requests.append(ServedRequest("r2", sent, sent + 5.0, sent + 5.01, 400, 0, 2))
+    fit = fit_serving_path(requests, engine)
+    assert fit.per_output_token_s == pytest.approx(per_token, rel=0.02)
+    assert fit.per_request_s == pytest.approx(per_request, rel=0.05)
+    # Every stretch is what the terms predict: no spread around the model.
+    assert fit.step_jitter == pytest.approx(0.0, abs=0.01) and fit.requests == 9
+    # Stretches half as long again and half as short again as predicted spread by about
+    # log(1.5) around it (the interquartile range of those logs over 1.349).
+    spread = [replace(r, end=r.first_token + (r.end - r.first_token) * f)
+              for r, f in zip(requests[:3], (1.5, 1.0, 1 / 1.5), strict=True)]  # fmt: skip
+    jittered = fit_serving_path(spread, engine)
+    assert 0.2 < jittered.step_jitter < 0.35
     with pytest.raises(ValueError, match="no request"):
         fit_serving_path([requests[0].__class__("r", 0, 1, 1, 10, 0, 1)], engine)
 
 
-def test_cells_are_ordered_only_where_every_measured_run_agrees() -> None:
-    runs = [[1.0, 2.0, 3.0], [1.5, 1.2, 3.1]]  # cells 0 and 1 swap between the runs
-    assert same_order(runs, [2.0, 1.0, 5.0])  # 0 vs 1 is noise: either order agrees
-    assert not same_order(runs, [1.0, 4.0, 3.0])  # 1 vs 2 is not: both runs put 2 higher
-    assert same_order([[1.0, 1.0]], [3.0, 2.0])  # a measured tie orders nothing
-    assert ordered_pairs(runs) == [(0, 2, -1.0), (1, 2, -1.0)]
+def test_cells_are_ordered_only_beyond_the_run_to_run_spread() -> None:
+    # Cell 0 moved 0.5 between the runs, cell 1 0.8, cell 2 0.1.
+    runs = [[1.0, 2.0, 3.0], [1.5, 1.2, 3.1]]
+    assert ordered_pairs(runs) == [(0, 2, -1.0), (1, 2, -1.0)]  # 0 vs 1: a tie
+    # Both runs put cell 1 above cell 0, but by less than cell 1 itself moves between
+    # runs: a tie, not an order.
+    assert ordered_pairs([[1.0, 2.0], [1.0, 1.2]]) == []
+    assert ordered_pairs([[1.0, 2.0], [1.1, 2.2]]) == [(0, 1, -1.0)]
+    # One run: no spread known, every unequal pair is ordered; equal ones are not.
+    assert ordered_pairs([[1.0, 1.0, 2.0]]) == [(0, 2, -1.0), (1, 2, -1.0)]
+    # The simulation orders a pair when its seeds' means differ by more than twice the
+    # difference's standard error.
+    assert simulated_pairs([[1.0, 2.0], [1.2, 2.2]]) == {(0, 1): -1.0}  # 1.0 > 2 * 0.14
+    assert simulated_pairs([[1.0, 2.0], [2.0, 1.2]]) == {}  # 0.1 apart, error 0.64
+    alike = ordering(runs, [[1.0, 1.5, 5.0], [1.2, 1.1, 5.5]])
+    assert (alike.ordered, alike.alike, alike.opposite, alike.tied, alike.same) == (
+        2, 2, 0, 0, True)  # fmt: skip
+    swapped = ordering(runs, [[1.0, 4.0, 3.0]])  # 1 above 2: the runs put 2 above 1
+    assert (swapped.alike, swapped.opposite, swapped.same) == (1, 1, False)
+    tied = ordering(runs, [[1.0, 3.0, 2.0], [1.0, 2.0, 3.0]])  # the seeds disagree on 1 vs 2
+    assert (tied.alike, tied.opposite, tied.tied, tied.same) == (1, 0, 1, True)
     assert bucket_bound(0.01) == 0.3 and bucket_bound(0.31) == 0.5 and bucket_bound(1e6) == 7680
+
+
+def test_step_jitter_is_seeded_mean_one_and_redrawn_when_the_batch_changes() -> None:
+    def steps(seed: int, index: int = 0, jitter: float = 0.25) -> list[tuple[float, int]]:
+        """(duration over the model's, steps) of every event of two requests' service."""
+        c = cost(step_jitter=jitter)
+        replica = SimReplica.create(index, c, seed)
+        replica.pool.ensure(100)
+        replica.add(request(10, out=8))
+        replica.add(request(10, 50, out=3))
+        now, out = 0.0, []
+        end = replica.start_step(now)
+        while end is not None:
+            p = replica.pending
+            assert p is not None
+            decodes = sum(1 for r, n in p.scheduled if n == 1 and r.output_done > 0)
+            model = c.step_s(sum(n for _, n in p.scheduled) - decodes, decodes, 0)
+            out.append(((end - now) / p.repeat / model, p.repeat))
+            replica.finish_step(end)
+            now, end = end, replica.start_step(end)
+        return out
+
+    assert [f for f, _ in steps(1, jitter=0.0)] == pytest.approx([1.0] * 4)  # the model
+    first = steps(1)
+    assert first == steps(1)  # seeded
+    assert first != steps(2) and first != steps(1, index=1)  # per seed and replica
+    # 165 tokens each under a 256 budget: the first prefill with part of the second (both
+    # admitted), then the rest of the second with the first's first decode, a jump of 2
+    # decodes of both (nothing changed: the same factor), and after the second finishes,
+    # a new factor for the first's last 4 decodes alone.
+    assert [n for _, n in first] == [1, 1, 2, 4]
+    assert first[1][0] == pytest.approx(first[2][0]) and first[3][0] != first[2][0]
+    # Mean 1 over replicas and seeds: the model's step on average.
+    factors = [steps(seed, index)[0][0] for seed in range(40) for index in range(10)]
+    assert np.mean(factors) == pytest.approx(1.0, abs=0.04)
+    assert 0.2 < np.std(np.log(factors)) < 0.3
 
 
 def trajectory_file(
@@ -326,7 +398,7 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
             "--concurrency",
             "4",
             "--policy",
-            "sticky,round_robin",
+            "sticky,sticky_cost,least_loaded",
             "--strategy",
             "base,refold",
             "--duration",
@@ -352,11 +424,12 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
     }
     cells = json.loads((out / "results.json").read_text())["cells"]
     assert [(c["policy"], c["strategy"]) for c in cells] == [
-        ("sticky", "base"),
-        ("round_robin", "base"),
-        ("sticky", "refold"),
-        ("round_robin", "refold"),
+        (p, s) for s in ("base", "refold") for p in ("sticky", "sticky_cost", "least_loaded")
     ]
+    # The priced sticky's judgement, at the one load given, in the output and the report.
+    assert "one load simulated: judged there" in result.output
+    assert "- refold at 4 concurrent: sticky_cost's hit rate" in result.output
+    assert "## Priced sticky at the knee" in (out / "report.md").read_text()
 
 
 def test_cost_fit_recovers_known_coefficients_from_phases() -> None:
@@ -434,8 +507,13 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
     assert row.startswith("| base_sticky_u2 | 60.0% |")  # the runs' mean, then simulated
     assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
-    assert "measured: mean of 2 runs; prefix hit within 5 points:" in result.output
+    assert "mean of 2 runs; simulated: 20 simulations pooled; prefix hit within" in result.output
     assert "same order by steps/min: yes (0 of 0 pairs ordered" in result.output
+    one = CliRunner().invoke(main, ["simulate-compare", runs[0], "--root", str(tmp_path),
+                                    "--tokenizer", "estimate", "--seeds", "1"])  # fmt: skip
+    assert one.exit_code == 0, one.output
+    assert "simulated: 1 simulation pooled" in one.output
+    assert "one measured run: its spread is unknown" in one.output
     fit = CliRunner().invoke(main, ["simulate-fit", "--experiment", runs[0]])
     assert fit.exit_code == 0, fit.output
     # cpu-tiny's engine: 11 steps of 15 ms + 1.01 ms + attended; the rest is streaming.
@@ -461,3 +539,136 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     assert scheduled.exit_code == 0, scheduled.output
     (scheduled_row,) = [ln for ln in scheduled.output.splitlines() if ln.startswith("| base_s")]
     assert scheduled_row.split(" | ")[:4] == row.split(" | ")[:4]  # hit rates alike
+
+
+def test_step_jitter_breaks_round_robins_lockstep(tmp_path: Path) -> None:
+    # Five sessions of equal replies over two replicas, no think time: with fixed step
+    # times the sessions settle into one cyclic order, and round-robin's global counter
+    # then sends every session's next request to the other replica (an odd cycle over
+    # two replicas), so nothing of its own context is ever cached. Real step times wander
+    # (the preset's step_jitter, measured): the order reshuffles and a session lands where
+    # its last request ran about half the time.
+    paths = [trajectory_file(tmp_path, steps=8, ident=f"t{i}", task=f"task {i} " * 400)
+             for i in range(5)]  # fmt: skip
+    trajectories = [t for p in paths for t in load_trajectories(p)]
+    workload = build_workload(
+        trajectories,
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def hit_rate(jitter: float, seed: int) -> float:
+        # cpu-tiny's shape of costs (decode-bound); each pool holds about three sessions'
+        # contexts, so a prefix left two requests back is mostly evicted.
+        c = cost(per_step_s=0.015, per_prefill_token_s=2.4e-5, per_decode_seq_s=0.036,
+                 kv_pool_tokens=8000, max_num_batched_tokens=2048, step_jitter=jitter)  # fmt: skip
+        config = SimConfig(policy="round_robin", strategy="base", cost=c, replicas=2,
+                           concurrency=5, sessions=5, think_s=0.0, warmup_s=0.0, seed=seed,
+                           shuffle=False)  # fmt: skip
+        return simulate(workload, config).hit_rate
+
+    locked = [hit_rate(0.0, seed) for seed in range(3)]
+    assert len(set(locked)) == 1  # no jitter: the seed changes nothing here
+    jittered = [hit_rate(0.25, seed) for seed in range(3)]
+    assert np.mean(jittered) > locked[0] + 0.15
+
+
+def test_priced_sticky_is_judged_at_stickys_knee() -> None:
+    def cell(policy: str, load: int, steps: int, hits: int, queue: list[float]) -> CellResult:
+        return CellResult(policy=policy, strategy="base", load=f"{load} concurrent",
+                          window_s=60.0, requests=steps, prefix_queries=100, prefix_hits=hits,
+                          queue_s=queue, ttft_s=[], preemptions=0, moves=0,
+                          sessions_started=load)  # fmt: skip
+
+    c = cost()
+    configs, results = [], []
+    # sticky's throughput: 50, 95, 100 steps/min at 4, 8, 16 sessions: the knee is 8
+    # (the first at 90% of the best).
+    figures = {
+        "sticky": {4: (50, 80, [0.1]), 8: (95, 80, [1.0]), 16: (100, 80, [5.0])},
+        "sticky_cost": {4: (50, 80, [0.1]), 8: (96, 79, [1.1]), 16: (100, 70, [9.0])},
+        "least_loaded": {4: (50, 40, [0.1]), 8: (90, 40, [1.0]), 16: (99, 40, [1.0])},
+        "round_robin": {4: (50, 30, [0.2]), 8: (80, 30, [2.0]), 16: (90, 30, [3.0])},
+    }
+    for policy, by_load in figures.items():
+        for load, (steps, hits, queue) in by_load.items():
+            configs.append(SimConfig(policy=policy, strategy="base", cost=c, concurrency=load))
+            results.append(cell(policy, load, steps, hits, queue))
+    (j,) = judge(configs, results)
+    assert (j.load, j.loads) == ("8 concurrent", 3)
+    assert j.hit_points == pytest.approx(-1.0) and j.hit_ok  # at most 1 point below
+    assert j.queue_ratio == pytest.approx(1.1) and j.queue_ok  # at most 10% above
+    assert list(j.cells) == ["sticky", "sticky_cost", "least_loaded", "round_robin"]
+    text = judgement_markdown([j])
+    assert "| base | 8 concurrent | round_robin | 30.0% | 2.00 | 80.0 |" in text
+    assert "sticky_cost's hit rate -1.0 points against sticky's (pass)" in text
+    # One point more lost, or a p95 more than 10% above least_loaded's, fails.
+    results[configs.index(SimConfig("sticky_cost", "base", c, concurrency=8))] = cell(
+        "sticky_cost", 8, 96, 78, [1.2]
+    )
+    (worse,) = judge(configs, results)
+    assert not worse.hit_ok and not worse.queue_ok
+    assert "(FAIL)" in judgement_markdown([worse])
+    # Without least_loaded's cells there is nothing to judge.
+    kept = [i for i, cfg in enumerate(configs) if cfg.policy != "least_loaded"]
+    assert judge([configs[i] for i in kept], [results[i] for i in kept]) == []
+
+
+def test_token_interval_separates_its_replicas_decoders_from_the_others() -> None:
+    # 50 ms between tokens alone, +40 ms per other request decoding on the same replica,
+    # +5 ms per request decoding on another. Each group: n requests decoding side by side
+    # on r0 for one stretch, while m requests on r1 decode throughout it (2 tokens each:
+    # too short to be fitted themselves, but decoding beside the others).
+    requests, t = [], 0.0
+    for n, m in [(1, 0), (2, 0), (3, 0), (1, 1), (1, 2), (2, 1), (3, 3)]:
+        span = 20 * (0.05 + 0.04 * (n - 1) + 0.005 * m)
+        requests += [ServedRequest("r0", t, t + 1, t + 1 + span, 500, 0, 21) for _ in range(n)]
+        requests += [ServedRequest("r1", t, t, t + 2 + span, 500, 0, 2) for _ in range(m)]
+        t += 100.0
+    got = token_interval(requests)
+    assert (got.alone_s, got.per_same_replica_s, got.per_other_replica_s) == pytest.approx(
+        (0.05, 0.04, 0.005), rel=1e-6
+    )
+    assert got.r2 == pytest.approx(1.0) and got.requests == 13
+    with pytest.raises(ValueError, match="fewer than 3"):
+        token_interval(requests[:2])
+
+
+def test_sessions_starting_together_are_routed_in_a_seeded_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Five sessions with no think time send their first requests at one instant; which the
+    # gateway routes first is arbitrary, so the simulator draws it from the seed.
+    import offline.sim.cluster as cluster
+
+    routed: list[str] = []
+
+    def recording(name: str, **kwargs: Any) -> Any:
+        policy = make_policy(name, **kwargs)
+        choose = policy.choose
+
+        async def record(tenant: str, session: str, pool: Any, **kw: Any) -> Any:
+            routed.append(session)
+            return await choose(tenant, session, pool, **kw)
+
+        policy.choose = record  # type: ignore[method-assign]
+        return policy
+
+    monkeypatch.setattr(cluster, "make_policy", recording)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path, steps=1)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def first_routed(seed: int, think_s: float = 0.0) -> list[str]:
+        routed.clear()
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(), replicas=2,
+                           concurrency=5, sessions=5, think_s=think_s, warmup_s=0.0,
+                           seed=seed)  # fmt: skip
+        simulate(workload, config)
+        return routed[:5]
+
+    orders = {tuple(first_routed(seed)) for seed in range(6)}
+    assert all(sorted(o) == ["0", "1", "2", "3", "4"] for o in orders)
+    assert len(orders) > 1 and first_routed(3) == first_routed(3)
