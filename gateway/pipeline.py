@@ -137,8 +137,9 @@ class Pipeline:
         )
         # An unknown strategy is a 400 before any I/O.
         self.render.renderer(strategy, fold, settings.budget)
-        await self.quotas.admit_prompt(tenant, session, request.tokens)
-        return await ingest(
+        # The read (which refuses a session over its size cap) before the quota charge, so
+        # a request refused there charges nothing either.
+        prepared = await ingest(
             self.store,
             tenant,
             session,
@@ -149,6 +150,8 @@ class Pipeline:
             max_bytes=settings.session_bytes,
             budget=settings.budget,
         )
+        await self.quotas.admit_prompt(tenant, session, request.tokens)
+        return prepared
 
     # -- render, route, forward --------------------------------------------------------
     async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:

@@ -17,7 +17,10 @@ Model (both backends):
   sent history would land on, how much of it is stored, and returns what a request needs
   besides (that history's gateway turns, the branch's counters, the session's replica
   assignment), so a gateway can render and route a request before anything is stored
-  and store it only once the upstream accepted it (one read, one write).
+  and store it only once the upstream accepted it (one read, one write). It refuses a
+  history that ``ingest`` would refuse as too large now (``SessionTooLarge``), so an
+  over-cap request is refused before any upstream serves it; ``ingest`` still checks
+  atomically (the session may grow in between).
 - ``ingest`` may set the session's replica assignment in the same atomic write
   (``assign``: the compare-and-set of ``set_assignment``).
 - Gateway-made turns (restore exchanges) are kept beside the harness history, keyed by the
@@ -284,6 +287,30 @@ def session_cap(store_cap: int, max_bytes: int | None) -> int:
     return store_cap if max_bytes is None else min(store_cap, max_bytes)
 
 
+def blob_texts(packed: Sequence[codec.PackedMessage]) -> dict[bytes, str]:
+    """The distinct blobs of packed messages, by digest."""
+    return {ref: text for p in packed for ref, text in p.blobs.items()}
+
+
+def added_bytes(packed: Sequence[codec.PackedMessage], fresh: Mapping[bytes, bytes]) -> int:
+    """What storing ``packed`` history messages adds to a session's size: each body and its
+    digest, and each blob the session does not hold yet (``fresh``: digest -> stored form)."""
+    return sum(len(p.body) + 16 for p in packed) + sum(len(d) + 16 for d in fresh.values())
+
+
+def surely_fits(stored: int, packed: Sequence[codec.PackedMessage], cap: int) -> bool:
+    """Whether storing ``packed`` keeps a session of ``stored`` bytes within ``cap`` however
+    many of its blobs the session already holds: each blob counted as new and stored raw
+    (``codec.encode_blob`` never takes more than the text and a format byte). Lets
+    ``lookup`` skip the exact count (blob lookups, compression) far from the cap."""
+    if not packed:
+        return True
+    most = sum(len(p.body) + 16 for p in packed) + sum(
+        len(text.encode()) + 1 + 16 for text in blob_texts(packed).values()
+    )
+    return stored + most <= cap
+
+
 def too_large(tenant: str, session: str, stored: int, adding: int, cap: int) -> SessionTooLarge:
     return SessionTooLarge(
         f"session {session!r} of tenant {tenant!r} would grow to {stored + adding} bytes "
@@ -403,10 +430,18 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
-        """What ``ingest(messages)`` would find, read without writing anything (and without
-        refreshing the session's TTL): see ``Lookup``. A session that does not exist reads
-        as empty."""
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
+        """What ``ingest(messages, max_bytes=max_bytes)`` would find, read without writing
+        anything (and without refreshing the session's TTL): see ``Lookup``. A session that
+        does not exist reads as empty. ``SessionTooLarge`` when that ingest would be refused
+        as over the size cap, given what is stored now."""
 
     @abstractmethod
     async def load(

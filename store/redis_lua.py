@@ -145,7 +145,8 @@ return {'ok', target, n, n - from, newb, asg}
 # KEYS: the session's seven keys, then its assignment. ARGV: the chained digests. Reads
 # only. Reply: {branch, stored, parent, assignment, counts (flat name/value pairs of the
 # branch), turns (flat limit/envelope pairs: the gateway turns of the branch's ancestry, or
-# a new branch's parent's, each with the index below which its message must lie)}.
+# a new branch's parent's, each with the index below which its message must lie), the
+# session's stored bytes (for the size cap)}.
 LOOKUP = (
     _COMMON
     + """
@@ -185,7 +186,7 @@ if owner >= 0 then
     end
   end
 end
-return {target, from, parent, asg, counts, turns}
+return {target, from, parent, asg, counts, turns, tonumber(h['bytes'] or '0')}
 """
 )
 

@@ -35,15 +35,18 @@ from store.base import (
     StoredHistory,
     StoreUnavailable,
     VersionConflict,
+    added_bytes,
     ancestry,
     assemble,
     bad_after_index,
+    blob_texts,
     check_assign,
     check_branch,
     check_counts,
     check_id,
     check_turns,
     session_cap,
+    surely_fits,
     too_large,
     window_key,
 )
@@ -207,14 +210,38 @@ class RedisStore(SessionStore):
                 )
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
 
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
         keys = [*self._keys(tenant, session), self._assignment_key(tenant, session)]
         prep = self._digests.prepare(tenant, session, messages)
+        cap = session_cap(self.max_session_bytes, max_bytes)
         async with self._guard():
-            target, stored, parent, asg, flat_counts, flat_turns = await self._lookup(
+            target, stored, parent, asg, flat_counts, flat_turns, size = await self._lookup(
                 keys=keys, args=[b"".join(prep.chains)]
             )
             self._digests.stored(tenant, session, prep, int(stored))
+            new = prep.packed[int(stored) :]
+            if not surely_fits(size, new, cap):
+                # Near the cap: count as the ingest script will (only blobs not held yet).
+                texts = blob_texts(new)
+                pipe = self._redis.pipeline(transaction=False)
+                for ref in texts:
+                    pipe.hexists(keys[3], ref)
+                held = await pipe.execute()
+                fresh = {
+                    ref: codec.encode_blob(text)
+                    for (ref, text), exists in zip(texts.items(), held, strict=True)
+                    if not exists
+                }
+                adding = added_bytes(new, fresh)
+                if size + adding > cap:
+                    raise too_large(tenant, session, size, adding, cap)
             turns: list[tuple[int, bytes]] = []
             for limit, envelope in zip(flat_turns[::2], flat_turns[1::2], strict=True):
                 after, body = codec.unpack(envelope)

@@ -33,9 +33,11 @@ from store.base import (
     StoredHistory,
     StoreUnavailable,
     VersionConflict,
+    added_bytes,
     ancestry,
     assemble,
     bad_after_index,
+    blob_texts,
     check_assign,
     check_branch,
     check_counts,
@@ -43,6 +45,7 @@ from store.base import (
     check_turns,
     over_limit,
     session_cap,
+    surely_fits,
     too_large,
     turns_before,
     window_key,
@@ -189,22 +192,43 @@ class SQLiteStore(SessionStore):
 
         return await self._run(write, write=True)
 
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
         check_id("tenant", tenant)
         check_id("session", session)
         prep = self._digests.prepare(tenant, session, messages)
+        cap = session_cap(self.max_session_bytes, max_bytes)
+
+        def refuse_over_cap(
+            conn: sqlite3.Connection, sid: int | None, stored: int, at: int
+        ) -> None:
+            """Refuse as ``_ingest`` would, storing the messages from index ``at``."""
+            new = prep.packed[at:]
+            if surely_fits(stored, new, cap):
+                return
+            adding = added_bytes(new, _fresh_blobs(conn, sid, new))
+            if stored + adding > cap:
+                raise too_large(tenant, session, stored, adding, cap)
 
         def read(conn: sqlite3.Connection) -> Lookup:
             assignment = _assignment(conn, tenant, session, time.time())
             row = conn.execute(
-                "SELECT id, head, used FROM sessions WHERE tenant=? AND session=?",
+                "SELECT id, head, used, bytes FROM sessions WHERE tenant=? AND session=?",
                 (tenant, session),
             ).fetchone()
             if row is None or row[2] < time.time() - self.ttl_s:
+                refuse_over_cap(conn, None, 0, 0)
                 return Lookup(None, 0, {}, {}, assignment)
             sid, head = int(row[0]), int(row[1])
             branches = _branches(conn, sid)
             target, from_, parent = _select(conn, sid, head, branches, prep.chains)
+            refuse_over_cap(conn, sid, int(row[3]), from_)
             n = len(prep.chains)
             owner = target if target >= 0 else parent
             if owner < 0:
@@ -246,14 +270,8 @@ class SQLiteStore(SessionStore):
         if new_branch:
             target = len(branches)
         new = prep.packed[from_:]
-        blobs = {ref: text for p in new for ref, text in p.blobs.items()}
-        fresh = {
-            ref: codec.encode_blob(text)
-            for ref, text in blobs.items()
-            if conn.execute("SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
-            is None
-        }
-        adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
+        fresh = _fresh_blobs(conn, sid, new)
+        adding = added_bytes(new, fresh)
         if stored + adding > cap:
             raise too_large(tenant, session, stored, adding, cap)
         if new_branch:
@@ -335,15 +353,7 @@ class SQLiteStore(SessionStore):
             length = self._branch_length(conn, sid, session, branch)
             if after_index >= length:
                 raise bad_after_index(after_index, branch, length)
-            blobs = {ref: text for p in packed for ref, text in p.blobs.items()}
-            fresh = {
-                ref: codec.encode_blob(text)
-                for ref, text in blobs.items()
-                if conn.execute(
-                    "SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)
-                ).fetchone()
-                is None
-            }
+            fresh = _fresh_blobs(conn, sid, packed)
             (stored,) = conn.execute("SELECT bytes FROM sessions WHERE id=?", (sid,)).fetchone()
             adding = sum(len(p.body) for p in packed) + sum(len(d) + 16 for d in fresh.values())
             if stored + adding > self.max_session_bytes:
@@ -724,6 +734,20 @@ def _turns(
             )
         ]
     return turns
+
+
+def _fresh_blobs(
+    conn: sqlite3.Connection, sid: int | None, packed: Sequence[codec.PackedMessage]
+) -> dict[bytes, bytes]:
+    """The blobs of ``packed`` that session ``sid`` (None: a new one) does not hold yet,
+    in their stored form."""
+    return {
+        ref: codec.encode_blob(text)
+        for ref, text in blob_texts(packed).items()
+        if sid is None
+        or conn.execute("SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
+        is None
+    }
 
 
 def _blob_reader(conn: sqlite3.Connection, sid: int) -> Callable[[bytes], bytes | None]:

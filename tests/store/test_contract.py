@@ -482,6 +482,38 @@ async def test_size_cap_rejects_without_writing(make_store: StoreFactory, tenant
         await s.close()
 
 
+async def test_lookup_refuses_what_ingest_would_refuse_as_too_large(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    """So a gateway refuses an over-cap request before any upstream serves it."""
+    s = make_store(max_session_bytes=4000)
+    try:
+        h = history(4)
+        await s.ingest(tenant, "s", h)
+        big = msg("tool", "".join(random.choices(string.ascii_letters, k=8000)), tool_call_id="1")
+        with pytest.raises(SessionTooLarge, match=r"over the 4000-byte cap"):
+            await s.lookup(tenant, "s", [*h, big])
+        with pytest.raises(SessionTooLarge, match=r"over the 300-byte cap"):
+            await s.lookup(tenant, "new", history(12), max_bytes=300)
+        assert await s.list_sessions(tenant) == ["s"]  # the refusals wrote nothing
+        assert (await s.lookup(tenant, "s", h[:2], max_bytes=10)).stored == 2  # adds nothing
+
+        # Near the cap the count is exact: a blob the session holds costs nothing again.
+        text = "".join(random.choices(string.ascii_letters, k=3000))  # ~2.2 KB compressed
+        read = [msg("user", "read"), msg("assistant", "call"), msg("tool", text, tool_call_id="a")]
+        await s.ingest(tenant, "blob", read, max_bytes=3000)
+        again = [*read, msg("assistant", "call"), msg("tool", text, tool_call_id="b")]
+        assert (await s.lookup(tenant, "blob", again, max_bytes=3000)).stored == 3
+        other = "".join(random.choices(string.ascii_letters, k=3000))
+        with pytest.raises(SessionTooLarge, match=r"over the 3000-byte cap"):
+            await s.lookup(
+                tenant, "blob", [*read, msg("tool", other, tool_call_id="b")], max_bytes=3000
+            )
+        assert (await s.ingest(tenant, "blob", again, max_bytes=3000)).appended == 2
+    finally:
+        await s.close()
+
+
 async def test_repeated_large_body_stored_once(store: SessionStore, tenant: str) -> None:
     body = os.urandom(15000).hex()
 
