@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -213,13 +214,17 @@ class Pipeline:
         ):
             yield chunk
         # Accounting is bookkeeping, not history: the client need not wait for it.
-        task = asyncio.create_task(
-            accounting.account(
-                self.store, self.quotas, prepared, outcome.replica, outcome.usage, outcome.restores
-            )
+        request_id = uuid.uuid4().hex
+        work = accounting.account(
+            self.store,
+            self.quotas,
+            prepared,
+            outcome.replica,
+            outcome.usage,
+            outcome.restores,
+            request_id=request_id,
         )
-        self._accounting.add(task)
-        task.add_done_callback(self._accounting.discard)
+        accounting.in_background(self._accounting, work, request_id)
 
     # -- kept replies (the Responses API's previous_response_id) -----------------------
     async def remember_reply(
