@@ -208,6 +208,7 @@ class Pipeline:
             outcome,
             stream,
             store=self.store,
+            pool=self.pool,
             guard=self.guard,
             ask_again=self._ask_again,
             max_restores=self.config.max_restores,
