@@ -60,6 +60,12 @@ class CircuitBreaker:
             self.state = BreakerState.HALF_OPEN
         return self.state
 
+    def open_for(self, now: float) -> float:
+        """Seconds until an open breaker turns half-open (its next trial); 0 when not open."""
+        if self.current(now) is not BreakerState.OPEN:
+            return 0.0
+        return self.opened_at + self.cooldown_s - now
+
     def admits(self, now: float, busy: bool) -> bool:
         """Whether a new request may go to the replica; ``busy``: one is in flight there."""
         state = self.current(now)

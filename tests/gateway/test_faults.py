@@ -194,6 +194,7 @@ async def test_replies_breaking_off_after_the_first_chunk_take_the_replica_out(
         await fake.stop()
     assert [r.status_code for r in broken] == [502] * 3, [r.text for r in broken]
     assert out.status_code == 503 and CHAT.error(out.json())["type"] == "overloaded_error"
+    assert 29 <= int(out.headers["retry-after"]) <= 30  # the breaker's next trial
     assert len(fake.requests) == 3  # the open breaker kept the fourth away
     state = {"replica": fake.url}
     assert counter(metrics, "foldgate_router_breaker_state", state) == 2
