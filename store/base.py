@@ -27,10 +27,6 @@ Model (both backends):
   index of the history message they follow, so ingest digests keep matching what the
   harness re-sends. A fork inherits its parent's gateway turns that follow a message
   inside the shared prefix (``after_index < fork_index``).
-- Render state is one opaque byte string per branch with a version (0 = never written);
-  ``put_state`` is a compare-and-set that raises ``VersionConflict``; repeating a call
-  that went through (same expected version, same data) returns its version, so a retry
-  after a lost reply is safe. Forks start empty.
 - Counters: named integers per branch and per tenant, changed only by atomic increments
   (``add_counts``), so concurrent requests never lose one another's counts. A call carries
   a token of its own (the request id): repeating it (a retry after a lost reply) adds
@@ -40,7 +36,7 @@ Model (both backends):
   requests in flight), checked against their limits and added all together or not at all,
   so every gateway process sharing the store enforces one limit.
 - Every call on a session refreshes its TTL. The size cap counts stored history bytes
-  (message bodies, blobs, gateway turns), not render state or counters.
+  (message bodies, blobs, gateway turns), not counters or request logs.
 """
 
 from __future__ import annotations
@@ -81,15 +77,6 @@ class SessionTooLarge(StoreError):
 
 class NotFound(StoreError):
     """The session or branch does not exist (or has expired)."""
-
-
-class VersionConflict(StoreError):
-    """``put_state`` lost a race: the stored version is not the expected one."""
-
-    def __init__(self, expected: int, current: int) -> None:
-        super().__init__(f"render state version is {current}, expected {expected}")
-        self.expected = expected
-        self.current = current
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +382,8 @@ class DigestCache:
 
 
 class SessionStore(ABC):
-    """Append-only session histories, render state and the router's assignment map."""
+    """Append-only session histories, their counters and request logs, quota counters and
+    the router's assignment map."""
 
     def __init__(
         self,
@@ -458,16 +446,6 @@ class SessionStore(ABC):
         self, tenant: str, session: str, branch: int, after_index: int, messages: Sequence[Message]
     ) -> None:
         """Record gateway-made turns after history message ``after_index`` of ``branch``."""
-
-    @abstractmethod
-    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
-        """The branch's render state as (version, data); (0, None) when never written."""
-
-    @abstractmethod
-    async def put_state(
-        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
-    ) -> int:
-        """Write render state if the stored version is ``expected_version``; new version."""
 
     @abstractmethod
     async def add_counts(

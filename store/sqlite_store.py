@@ -32,7 +32,6 @@ from store.base import (
     SessionStore,
     StoredHistory,
     StoreUnavailable,
-    VersionConflict,
     added_bytes,
     ancestry,
     assemble,
@@ -69,9 +68,6 @@ CREATE TABLE IF NOT EXISTS blobs (
 CREATE TABLE IF NOT EXISTS gateway_turns (
   sid INTEGER, branch INTEGER, seq INTEGER, after INTEGER, body BLOB,
   PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS states (
-  sid INTEGER, branch INTEGER, version INTEGER, data BLOB,
-  PRIMARY KEY (sid, branch)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS request_log (
   sid INTEGER, branch INTEGER, seq INTEGER, data BLOB,
   PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
@@ -99,7 +95,6 @@ _SESSION_TABLES = (
     "messages",
     "blobs",
     "gateway_turns",
-    "states",
     "request_log",
     "counts",
 )
@@ -372,50 +367,6 @@ class SQLiteStore(SessionStore):
             conn.execute("UPDATE sessions SET bytes=? WHERE id=?", (stored + adding, sid))
 
         await self._run(write, write=True)
-
-    # -- render state ------------------------------------------------------------------
-    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
-        check_id("tenant", tenant)
-        check_id("session", session)
-        check_branch(branch)
-
-        def read(conn: sqlite3.Connection) -> tuple[int, bytes | None]:
-            sid = self._need_sid(conn, tenant, session)
-            self._branch_length(conn, sid, session, branch)
-            row = conn.execute(
-                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
-            ).fetchone()
-            return (0, None) if row is None else (int(row[0]), bytes(row[1]))
-
-        return await self._run(read, write=True)
-
-    async def put_state(
-        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
-    ) -> int:
-        check_id("tenant", tenant)
-        check_id("session", session)
-        check_branch(branch)
-        if not isinstance(data, bytes):
-            raise TypeError(f"render state must be bytes, got {type(data).__name__}")
-
-        def cas(conn: sqlite3.Connection) -> int:
-            sid = self._need_sid(conn, tenant, session)
-            self._branch_length(conn, sid, session, branch)
-            row = conn.execute(
-                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
-            ).fetchone()
-            current = 0 if row is None else int(row[0])
-            if current == expected_version + 1 and bytes(row[1]) == data:
-                return current  # a repeated call that already went through
-            if current != expected_version:
-                raise VersionConflict(expected_version, current)
-            conn.execute(
-                "INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?)",
-                (sid, branch, current + 1, data),
-            )
-            return current + 1
-
-        return await self._run(cas, write=True)
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(

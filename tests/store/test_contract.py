@@ -16,7 +16,6 @@ from store import (
     Refusal,
     SessionStore,
     SessionTooLarge,
-    VersionConflict,
 )
 from tests.store.conftest import StoreFactory, history, msg
 
@@ -236,43 +235,6 @@ async def test_gateway_turn_errors(store: SessionStore, tenant: str) -> None:
         await store.append_gateway_turns(tenant, "s", 7, 0, [msg("assistant", "x")])
     with pytest.raises(ValueError, match="at least one message"):
         await store.append_gateway_turns(tenant, "s", 0, 0, [])
-
-
-async def test_render_state_compare_and_set(make_store: StoreFactory, tenant: str) -> None:
-    a, b = make_store(), make_store()
-    try:
-        await a.ingest(tenant, "s", history(2))
-        assert await a.get_state(tenant, "s", 0) == (0, None)
-        assert await a.put_state(tenant, "s", 0, 0, b"state-1") == 1
-        assert await b.get_state(tenant, "s", 0) == (1, b"state-1")
-        with pytest.raises(VersionConflict, match="version is 1, expected 0") as err:
-            await b.put_state(tenant, "s", 0, 0, b"clobber")
-        assert err.value.current == 1
-        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2
-        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2  # a retried call
-        with pytest.raises(VersionConflict):
-            await b.put_state(tenant, "s", 0, 1, b"different")
-        assert await a.get_state(tenant, "s", 0) == (2, b"state-2")
-        with pytest.raises(NotFound):
-            await a.get_state(tenant, "s", 3)
-        with pytest.raises(NotFound):
-            await a.put_state(tenant, "nope", 0, 0, b"x")
-    finally:
-        await a.close()
-        await b.close()
-
-
-async def test_concurrent_state_writers_one_wins(store: SessionStore, tenant: str) -> None:
-    await store.ingest(tenant, "s", history(2))
-
-    async def write(i: int) -> int | None:
-        try:
-            return await store.put_state(tenant, "s", 0, 0, f"w{i}".encode())
-        except VersionConflict:
-            return None
-
-    results = await asyncio.gather(*(write(i) for i in range(16)))
-    assert [r for r in results if r is not None] == [1]
 
 
 async def test_counts_add_up_and_a_retry_adds_nothing(
