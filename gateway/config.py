@@ -75,8 +75,9 @@ class GatewayConfig:
     """Session text the per-session decode cache keeps, in bytes as the gateway estimates
     them (4 per estimated token); the least recently used sessions are dropped past it."""
     render_cache_bytes: int = 128 * 1024 * 1024
-    """Rendered text the per-session renderer caches keep, counted as ``decode_cache_bytes``.
-    A renderer keeps more than its text (ReFold's dedup index: ~5x, ``bench/memory.py``)."""
+    """Memory the per-session renderer caches keep, as estimated from each strategy's
+    measured cost per byte of history text (``gateway.steps.render.cache_memory``: ReFold's
+    cache takes 6-7x its session's text); the least recently used go past it."""
     breaker_failures: int = 3
     """Failed requests in a row (connection error, 5xx, no first chunk) that take a replica
     out; one failure does not."""

@@ -76,6 +76,6 @@ CACHE_EVICTIONS = Counter(
 )
 CACHE_BYTES = Gauge(
     "foldgate_session_cache_bytes",
-    "Bytes of session text a per-session cache holds (the gateway's estimate)",
+    "Memory a per-session cache keeps alive, in bytes (the gateway's measured estimate)",
     ["cache"],
 )

@@ -71,9 +71,9 @@ class Prepared:
     state: RenderState = field(default_factory=RenderState)
     # Set by ``commit``: the branch the history was stored on.
     branch: int | None = None
-    # The last rendering's renderer cache and token estimate, kept for the session's next
-    # request once the history is stored (``Render.keep``).
-    render_cache: tuple[Any, int] | None = None
+    # The last rendering's renderer cache entry, kept for the session's next request once
+    # the history is stored (``Render.keep``).
+    render_cache: Any = None
     # What is derived from each message (store dicts, token estimates, upstream encoding),
     # reused across the session's requests when they reuse the message objects.
     memo: MessageMemo = field(default_factory=MessageMemo)
