@@ -7,18 +7,20 @@ the request carried, so what the model saw at that request can be rendered again
 stored history, which never changes (``gateway.session_view``).
 
 Written after the reply (the client does not wait) in one store round trip, retried on a
-store outage under the request's own token, so a retry after a lost reply counts nothing
-twice while concurrent identical requests each count.
+store outage under the request's id as its token, so a retry after a lost reply counts
+nothing twice while concurrent identical requests each count. It runs as a background task
+(``in_background``) whose failure is logged with the request id and counted, never left
+unretrieved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("foldgate")
 
 ATTEMPTS = 3
+RETRY_S = 0.5  # the first wait before retrying a write the store refused; doubles after
 
 # Totals summed over the branch's requests.
 SUMMED = (
@@ -120,8 +123,11 @@ async def account(
     replica: Replica,
     usage: Sequence[Mapping[str, Any]],
     restores: int,
+    *,
+    request_id: str,
 ) -> None:
-    """Count one request in its branch's and tenant's counters and log it."""
+    """Count one request in its branch's and tenant's counters and log it; the store's
+    ``StoreUnavailable`` when every attempt failed."""
     prompt = sum(u.get("prompt_tokens", 0) for u in usage)
     cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0 for u in usage)
     metrics.UPSTREAM_PROMPT_TOKENS.inc(prompt)
@@ -151,9 +157,6 @@ async def account(
     )
     counts = {name: getattr(request, name) for name in SUMMED if name != "requests"}
     counts["requests"] = 1
-    # The request's own token: a write retried after a lost reply adds nothing, while
-    # concurrent identical requests each add theirs.
-    token = uuid.uuid4().hex
     # What the replica holds of this session now, its last prompt: the cached-prefix
     # estimate routing prices the session's next move with.
     latest = {"last_prompt_tokens": int(usage[-1].get("prompt_tokens", 0))} if usage else None
@@ -165,17 +168,45 @@ async def account(
                 prepared.session,
                 prepared.branch,
                 counts,
-                token=token,
+                # The request's own token: a write retried after a lost reply adds nothing,
+                # while concurrent identical requests each add theirs.
+                token=request_id,
                 latest=latest,
                 record=json.dumps(asdict(request)).encode(),
             )
             await quotas.record_upstream(prepared.tenant, prompt)
             return
-        except StoreUnavailable as exc:
+        except StoreUnavailable:
             if attempt + 1 == ATTEMPTS:
-                log.warning("accounting of session %r lost: %s", prepared.session, exc)
-                return
-            await asyncio.sleep(0.5 * 2**attempt)
+                raise
+            await asyncio.sleep(RETRY_S * 2**attempt)
+
+
+def in_background(
+    running: set[asyncio.Task[None]], work: Coroutine[Any, Any, None], request_id: str
+) -> None:
+    """Run ``work`` (a request's accounting) as a task kept in ``running`` until it ends;
+    its failure is logged with ``request_id`` and counted in ``ACCOUNTING_LOST``."""
+    task = asyncio.create_task(work)
+    running.add(task)
+    task.add_done_callback(functools.partial(_settled, running, request_id))
+
+
+def _settled(running: set[asyncio.Task[None]], request_id: str, task: asyncio.Task[None]) -> None:
+    running.discard(task)
+    if task.cancelled():
+        metrics.ACCOUNTING_LOST.labels(reason="cancelled").inc()
+        log.warning("accounting of request %s lost: cancelled", request_id)
+        return
+    exc = task.exception()  # retrieved here, so asyncio never reports it as unretrieved
+    if isinstance(exc, StoreUnavailable):
+        metrics.ACCOUNTING_LOST.labels(reason="store_unavailable").inc()
+        log.warning(
+            "accounting of request %s lost after %d attempts: %s", request_id, ATTEMPTS, exc
+        )
+    elif exc is not None:
+        metrics.ACCOUNTING_LOST.labels(reason="error").inc()
+        log.error("accounting of request %s failed", request_id, exc_info=exc)
 
 
 async def read(store: SessionStore, tenant: str, session: str, branch: int) -> Ledger:

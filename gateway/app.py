@@ -172,7 +172,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 DialectError(
                     "no model server available, retry", status=503, kind="overloaded_error"
                 ),
-                headers={"retry-after": RETRY_AFTER_S},
+                headers={"retry-after": str(exc.retry_after_s)},  # the breakers' next trial
             )
         except UpstreamError as exc:
             log.warning("upstream refused: %s", exc)

@@ -2,8 +2,10 @@
 
 Per-session caches (the decode cache, the renderers' caches) hold a session's text; a
 bound by session count lets a few long sessions take gigabytes. Each entry here is put
-with its size (the caller's estimate of the bytes it keeps alive) and the least recently
-used entries go until the total fits. Evictions and the bytes held are Prometheus series
+with its size, the caller's estimate of the memory it keeps alive (measured per cache:
+Python objects cost more than their text, ReFold's 6-7x, see
+``gateway.steps.render.cache_memory``), and the least recently used entries go until the
+total fits. Evictions and the bytes held are Prometheus series
 labelled by the cache's name.
 """
 

@@ -75,11 +75,12 @@ class GatewayConfig:
     """Session text the per-session decode cache keeps, in bytes as the gateway estimates
     them (4 per estimated token); the least recently used sessions are dropped past it."""
     render_cache_bytes: int = 128 * 1024 * 1024
-    """Rendered text the per-session renderer caches keep, counted as ``decode_cache_bytes``.
-    A renderer keeps more than its text (ReFold's dedup index: ~5x, ``bench/memory.py``)."""
+    """Memory the per-session renderer caches keep, as estimated from each strategy's
+    measured cost per byte of history text (``gateway.steps.render.cache_memory``: ReFold's
+    cache takes 6-7x its session's text); the least recently used go past it."""
     breaker_failures: int = 3
-    """Failed requests in a row (connection error, 5xx, no first chunk) that take a replica
-    out; one failure does not."""
+    """Failed requests in a row (connection error, 5xx, no first chunk, a reply broken off
+    after its first chunk) that take a replica out; one failure does not."""
     breaker_open_s: float = 5.0
     """Seconds a replica stays out before trial requests (one at a time) may bring it back;
     each failed trial doubles it, up to ``breaker_max_open_s``."""

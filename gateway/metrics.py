@@ -59,6 +59,12 @@ ADDED_SECONDS = Histogram(
 UPSTREAM_ERRORS = Counter(
     "foldgate_upstream_errors_total", "Upstream attempts that failed", ["kind"]
 )
+ACCOUNTING_LOST = Counter(
+    "foldgate_accounting_lost_total",
+    "Requests whose accounting (counters, request log) was not written, by why: the store "
+    "stayed unavailable over every retry, the task was cancelled, or an unexpected error",
+    ["reason"],
+)
 OVERFLOW_RETRIES = Counter(
     "foldgate_overflow_retries_total",
     "Retries with a compacted context after the upstream refused one as too long",
@@ -70,6 +76,6 @@ CACHE_EVICTIONS = Counter(
 )
 CACHE_BYTES = Gauge(
     "foldgate_session_cache_bytes",
-    "Bytes of session text a per-session cache holds (the gateway's estimate)",
+    "Memory a per-session cache keeps alive, in bytes (the gateway's measured estimate)",
     ["cache"],
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -137,8 +138,9 @@ class Pipeline:
         )
         # An unknown strategy is a 400 before any I/O.
         self.render.renderer(strategy, fold, settings.budget)
-        await self.quotas.admit_prompt(tenant, session, request.tokens)
-        return await ingest(
+        # The read (which refuses a session over its size cap) before the quota charge, so
+        # a request refused there charges nothing either.
+        prepared = await ingest(
             self.store,
             tenant,
             session,
@@ -149,6 +151,8 @@ class Pipeline:
             max_bytes=settings.session_bytes,
             budget=settings.budget,
         )
+        await self.quotas.admit_prompt(tenant, session, request.tokens)
+        return prepared
 
     # -- render, route, forward --------------------------------------------------------
     async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
@@ -204,19 +208,24 @@ class Pipeline:
             outcome,
             stream,
             store=self.store,
+            pool=self.pool,
             guard=self.guard,
             ask_again=self._ask_again,
             max_restores=self.config.max_restores,
         ):
             yield chunk
         # Accounting is bookkeeping, not history: the client need not wait for it.
-        task = asyncio.create_task(
-            accounting.account(
-                self.store, self.quotas, prepared, outcome.replica, outcome.usage, outcome.restores
-            )
+        request_id = uuid.uuid4().hex
+        work = accounting.account(
+            self.store,
+            self.quotas,
+            prepared,
+            outcome.replica,
+            outcome.usage,
+            outcome.restores,
+            request_id=request_id,
         )
-        self._accounting.add(task)
-        task.add_done_callback(self._accounting.discard)
+        accounting.in_background(self._accounting, work, request_id)
 
     # -- kept replies (the Responses API's previous_response_id) -----------------------
     async def remember_reply(

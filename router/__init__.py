@@ -3,7 +3,7 @@
 from router.assignments import AssignmentStore
 from router.cost import PRESETS as COST_PRESETS
 from router.cost import CostModel, get_preset
-from router.failover import UpstreamFailed, with_failover
+from router.failover import UpstreamFailed, reading_reply, with_failover
 from router.metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.policies import (
     POLICY_NAMES,
@@ -46,5 +46,6 @@ __all__ = [
     "make_policy",
     "make_tenant_policy",
     "parse_vllm_metrics",
+    "reading_reply",
     "with_failover",
 ]

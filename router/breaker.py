@@ -2,8 +2,9 @@
 
 One failed request says little: a replica can fail one request (a hiccup, an engine that
 restarted a step) and serve the next. So the breaker opens only after ``failures`` failed
-requests in a row, where failed means what failover retries: a connection error, a 5xx, no
-first chunk in time. A 4xx is the request's fault and counts as the replica answering.
+requests in a row, where failed means what failover retries (a connection error, a 5xx, no
+first chunk in time) or a reply that broke off after its first chunk; a success is a reply
+read to its end. A 4xx is the request's fault and counts as the replica answering.
 
 - closed: routed. A success resets the count of failures in a row.
 - open: not routed, for ``open_s`` seconds after it opened.
@@ -58,6 +59,12 @@ class CircuitBreaker:
         if self.state is BreakerState.OPEN and now >= self.opened_at + self.cooldown_s:
             self.state = BreakerState.HALF_OPEN
         return self.state
+
+    def open_for(self, now: float) -> float:
+        """Seconds until an open breaker turns half-open (its next trial); 0 when not open."""
+        if self.current(now) is not BreakerState.OPEN:
+            return 0.0
+        return self.opened_at + self.cooldown_s - now
 
     def admits(self, now: float, busy: bool) -> bool:
         """Whether a new request may go to the replica; ``busy``: one is in flight there."""

@@ -5,13 +5,17 @@ the attempt raises `UpstreamFailed`, saying whether anything was already sent to
 only then is a retry safe, because a second answer cannot be spliced onto a partial one.
 
 Every outcome goes to the pool, for the replica's circuit breaker: a failure, or a success
-(an answer, a 4xx included: that is the request's fault, and the replica answered it).
+(an answer, a 4xx included: that is the request's fault, and the replica answered it). A
+streamed reply's outcome is known only at its end: `reading_reply` reports it then, so a
+reply that breaks off after its first chunk (an error event, the idle timeout, a dropped
+connection) counts as a failure of its replica, never as a success.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from router.policies import NoHealthyReplica, RouteHints, RoutingPolicy
@@ -42,6 +46,7 @@ async def with_failover(
     *,
     max_attempts: int = 3,
     hints: RouteHints | None = None,
+    streamed: bool = False,
 ) -> T:
     """Route and run `attempt`, retrying retryable failures on replicas not yet tried.
 
@@ -49,6 +54,8 @@ async def with_failover(
     streaming before it returns. Every outcome is reported to the pool. Raises the last
     `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
     ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
+    ``streamed``: `attempt` returns a reply still being read (its first chunk in hand); its
+    success is not reported here but by `reading_reply` around the rest of it.
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -69,17 +76,36 @@ async def with_failover(
             with replica.track():
                 result = await attempt(replica)
         except UpstreamFailed as exc:
-            # A 4xx is the request's fault (e.g. context too long), not the replica's.
-            if exc.status is not None and 400 <= exc.status < 500:
-                pool.report_success(replica)
-            else:
-                pool.report_failure(replica)
+            _report_failed(pool, replica, exc)
             if not exc.retryable:
                 raise
             log.warning("upstream %s failed before first byte: %s", replica.url, exc)
             last = exc
             continue
-        pool.report_success(replica)
+        if not streamed:
+            pool.report_success(replica)
         return result
     assert last is not None  # the loop only falls through after a retryable failure
     raise last
+
+
+@contextmanager
+def reading_reply(pool: ReplicaPool, replica: Replica) -> Iterator[None]:
+    """Around reading the rest of a reply `with_failover(streamed=True)` returned: the
+    replica's outcome once it ends. Read to its end: a success. Broken off
+    (`UpstreamFailed`): a failure, as before the first chunk. Left unread for any other
+    reason (the client went away): nothing, since that says nothing about the replica."""
+    try:
+        yield
+    except UpstreamFailed as exc:
+        _report_failed(pool, replica, exc)
+        raise
+    pool.report_success(replica)
+
+
+def _report_failed(pool: ReplicaPool, replica: Replica, exc: UpstreamFailed) -> None:
+    # A 4xx is the request's fault (e.g. context too long), not the replica's.
+    if exc.status is not None and 400 <= exc.status < 500:
+        pool.report_success(replica)
+    else:
+        pool.report_failure(replica)

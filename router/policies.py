@@ -49,7 +49,12 @@ log = logging.getLogger(__name__)
 
 
 class NoHealthyReplica(RuntimeError):
-    """Every replica is down or already tried for this request."""
+    """Every replica is down or already tried for this request; ``retry_after_s``: when one
+    may be routable again (``ReplicaPool.retry_after_s``)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -334,7 +339,8 @@ def candidates(pool: ReplicaPool, exclude: Collection[str]) -> list[Replica]:
     found = [r for r in pool.routable() if r.url not in exclude]
     if not found:
         raise NoHealthyReplica(
-            f"no healthy replica among {len(pool.replicas)} (excluded: {sorted(exclude)})"
+            f"no healthy replica among {len(pool.replicas)} (excluded: {sorted(exclude)})",
+            pool.retry_after_s(),
         )
     return found
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -101,6 +102,27 @@ class ReplicaPool:
         request at a time. (Requests routed concurrently may both see it idle.)"""
         now = self._clock()
         return [r for r in self._replicas.values() if r.healthy and self._admits(r, now)]
+
+    def retry_after_s(self) -> int:
+        """When a request that found no routable replica may find one: the seconds until the
+        earliest replica's breaker lets a trial through, or, for a replica its probes took
+        out, until the next probe (at least 1; an admitting replica that is busy with a
+        trial or was already tried: 1)."""
+        now = self._clock()
+        waits = [
+            max(
+                self._breaker_wait(r, now),
+                0.0 if r.healthy else self.probe_interval_s,
+            )
+            for r in self._replicas.values()
+        ]
+        return max(1, math.ceil(min(waits, default=self.probe_interval_s)))
+
+    def _breaker_wait(self, replica: Replica, now: float) -> float:
+        before = replica.breaker.state
+        wait = replica.breaker.open_for(now)
+        self._breaker_changed(replica, before)
+        return wait
 
     def get(self, url: str) -> Replica | None:
         return self._replicas.get(url)

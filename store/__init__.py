@@ -1,4 +1,4 @@
-"""Session store: append-only histories, forks, render state and the router's assignments."""
+"""Session store: append-only histories, forks, counters, quotas and the router's assignments."""
 
 from store.base import (
     Assign,
@@ -12,7 +12,6 @@ from store.base import (
     StoredHistory,
     StoreError,
     StoreUnavailable,
-    VersionConflict,
 )
 from store.factory import default_sqlite_path, open_store
 
@@ -28,7 +27,6 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StoredHistory",
-    "VersionConflict",
     "default_sqlite_path",
     "open_store",
 ]

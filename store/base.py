@@ -17,17 +17,16 @@ Model (both backends):
   sent history would land on, how much of it is stored, and returns what a request needs
   besides (that history's gateway turns, the branch's counters, the session's replica
   assignment), so a gateway can render and route a request before anything is stored
-  and store it only once the upstream accepted it (one read, one write).
+  and store it only once the upstream accepted it (one read, one write). It refuses a
+  history that ``ingest`` would refuse as too large now (``SessionTooLarge``), so an
+  over-cap request is refused before any upstream serves it; ``ingest`` still checks
+  atomically (the session may grow in between).
 - ``ingest`` may set the session's replica assignment in the same atomic write
   (``assign``: the compare-and-set of ``set_assignment``).
 - Gateway-made turns (restore exchanges) are kept beside the harness history, keyed by the
   index of the history message they follow, so ingest digests keep matching what the
   harness re-sends. A fork inherits its parent's gateway turns that follow a message
   inside the shared prefix (``after_index < fork_index``).
-- Render state is one opaque byte string per branch with a version (0 = never written);
-  ``put_state`` is a compare-and-set that raises ``VersionConflict``; repeating a call
-  that went through (same expected version, same data) returns its version, so a retry
-  after a lost reply is safe. Forks start empty.
 - Counters: named integers per branch and per tenant, changed only by atomic increments
   (``add_counts``), so concurrent requests never lose one another's counts. A call carries
   a token of its own (the request id): repeating it (a retry after a lost reply) adds
@@ -37,7 +36,7 @@ Model (both backends):
   requests in flight), checked against their limits and added all together or not at all,
   so every gateway process sharing the store enforces one limit.
 - Every call on a session refreshes its TTL. The size cap counts stored history bytes
-  (message bodies, blobs, gateway turns), not render state or counters.
+  (message bodies, blobs, gateway turns), not counters or request logs.
 """
 
 from __future__ import annotations
@@ -78,15 +77,6 @@ class SessionTooLarge(StoreError):
 
 class NotFound(StoreError):
     """The session or branch does not exist (or has expired)."""
-
-
-class VersionConflict(StoreError):
-    """``put_state`` lost a race: the stored version is not the expected one."""
-
-    def __init__(self, expected: int, current: int) -> None:
-        super().__init__(f"render state version is {current}, expected {expected}")
-        self.expected = expected
-        self.current = current
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +274,30 @@ def session_cap(store_cap: int, max_bytes: int | None) -> int:
     return store_cap if max_bytes is None else min(store_cap, max_bytes)
 
 
+def blob_texts(packed: Sequence[codec.PackedMessage]) -> dict[bytes, str]:
+    """The distinct blobs of packed messages, by digest."""
+    return {ref: text for p in packed for ref, text in p.blobs.items()}
+
+
+def added_bytes(packed: Sequence[codec.PackedMessage], fresh: Mapping[bytes, bytes]) -> int:
+    """What storing ``packed`` history messages adds to a session's size: each body and its
+    digest, and each blob the session does not hold yet (``fresh``: digest -> stored form)."""
+    return sum(len(p.body) + 16 for p in packed) + sum(len(d) + 16 for d in fresh.values())
+
+
+def surely_fits(stored: int, packed: Sequence[codec.PackedMessage], cap: int) -> bool:
+    """Whether storing ``packed`` keeps a session of ``stored`` bytes within ``cap`` however
+    many of its blobs the session already holds: each blob counted as new and stored raw
+    (``codec.encode_blob`` never takes more than the text and a format byte). Lets
+    ``lookup`` skip the exact count (blob lookups, compression) far from the cap."""
+    if not packed:
+        return True
+    most = sum(len(p.body) + 16 for p in packed) + sum(
+        len(text.encode()) + 1 + 16 for text in blob_texts(packed).values()
+    )
+    return stored + most <= cap
+
+
 def too_large(tenant: str, session: str, stored: int, adding: int, cap: int) -> SessionTooLarge:
     return SessionTooLarge(
         f"session {session!r} of tenant {tenant!r} would grow to {stored + adding} bytes "
@@ -368,7 +382,8 @@ class DigestCache:
 
 
 class SessionStore(ABC):
-    """Append-only session histories, render state and the router's assignment map."""
+    """Append-only session histories, their counters and request logs, quota counters and
+    the router's assignment map."""
 
     def __init__(
         self,
@@ -403,10 +418,18 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
-        """What ``ingest(messages)`` would find, read without writing anything (and without
-        refreshing the session's TTL): see ``Lookup``. A session that does not exist reads
-        as empty."""
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
+        """What ``ingest(messages, max_bytes=max_bytes)`` would find, read without writing
+        anything (and without refreshing the session's TTL): see ``Lookup``. A session that
+        does not exist reads as empty. ``SessionTooLarge`` when that ingest would be refused
+        as over the size cap, given what is stored now."""
 
     @abstractmethod
     async def load(
@@ -423,16 +446,6 @@ class SessionStore(ABC):
         self, tenant: str, session: str, branch: int, after_index: int, messages: Sequence[Message]
     ) -> None:
         """Record gateway-made turns after history message ``after_index`` of ``branch``."""
-
-    @abstractmethod
-    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
-        """The branch's render state as (version, data); (0, None) when never written."""
-
-    @abstractmethod
-    async def put_state(
-        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
-    ) -> int:
-        """Write render state if the stored version is ``expected_version``; new version."""
 
     @abstractmethod
     async def add_counts(

@@ -7,8 +7,8 @@ its first write, so an error reply never leaves a partial write behind.
 meta (hash): nb (branch count), head, bytes, and per branch b: p<b> parent, f<b> fork
 index, l<b> history length. chain / msgs (hash): "<b>:<i>" -> chained digest / packed
 message at history index i, for a branch's own messages only. blobs: digest -> blob.
-gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: "<b>:v", "<b>:d",
-and the request log "<b>:rn", "<b>:r:<seq>".
+gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: the request log,
+"<b>:rn" count, "<b>:r:<seq>" records (the key's name predates the log).
 counts: "<b>:<name>" -> integer, "t:<token>" for every counting call already applied.
 Tenant scripts take keys under the tenant's own tag: its counters, token keys, quota
 counters and session index.
@@ -145,7 +145,8 @@ return {'ok', target, n, n - from, newb, asg}
 # KEYS: the session's seven keys, then its assignment. ARGV: the chained digests. Reads
 # only. Reply: {branch, stored, parent, assignment, counts (flat name/value pairs of the
 # branch), turns (flat limit/envelope pairs: the gateway turns of the branch's ancestry, or
-# a new branch's parent's, each with the index below which its message must lie)}.
+# a new branch's parent's, each with the index below which its message must lie), the
+# session's stored bytes (for the size cap)}.
 LOOKUP = (
     _COMMON
     + """
@@ -185,7 +186,7 @@ if owner >= 0 then
     end
   end
 end
-return {target, from, parent, asg, counts, turns}
+return {target, from, parent, asg, counts, turns, tonumber(h['bytes'] or '0')}
 """
 )
 
@@ -214,25 +215,6 @@ for d, v in pairs(newblobs) do redis.call('HSET', blobs, d, v) end
 redis.call('HSET', meta, 'bytes', bytes + add)
 touch(ttl)
 return {'ok'}
-"""
-)
-
-# ARGV: ttl_ms, branch, expected version, data. Replies: {'ok', version} |
-# {'conflict', version} | {'no_branch'}.
-PUT_STATE = (
-    _COMMON
-    + """
-local ttl, b, expected = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-if redis.call('HEXISTS', meta, 'l' .. b) == 0 then return {'no_branch'} end
-local v = tonumber(redis.call('HGET', st, b .. ':v') or '0')
-if v ~= expected then
-  -- a retry of a write that went through (its reply was lost) is not a conflict
-  if v == expected + 1 and redis.call('HGET', st, b .. ':d') == ARGV[4] then return {'ok', v} end
-  return {'conflict', v}
-end
-redis.call('HSET', st, b .. ':v', v + 1, b .. ':d', ARGV[4])
-touch(ttl)
-return {'ok', v + 1}
 """
 )
 

@@ -34,16 +34,18 @@ from store.base import (
     SessionStore,
     StoredHistory,
     StoreUnavailable,
-    VersionConflict,
+    added_bytes,
     ancestry,
     assemble,
     bad_after_index,
+    blob_texts,
     check_assign,
     check_branch,
     check_counts,
     check_id,
     check_turns,
     session_cap,
+    surely_fits,
     too_large,
     window_key,
 )
@@ -88,7 +90,6 @@ class RedisStore(SessionStore):
         self._ingest = self._redis.register_script(redis_lua.INGEST)
         self._lookup = self._redis.register_script(redis_lua.LOOKUP)
         self._gateway_turns = self._redis.register_script(redis_lua.GATEWAY_TURNS)
-        self._put_state = self._redis.register_script(redis_lua.PUT_STATE)
         self._set_assignment = self._redis.register_script(redis_lua.SET_ASSIGNMENT)
         self._count_session = self._redis.register_script(redis_lua.COUNT_SESSION)
         self._count_tenant = self._redis.register_script(redis_lua.COUNT_TENANT)
@@ -207,14 +208,38 @@ class RedisStore(SessionStore):
                 )
         raise RuntimeError("ingest: the needed suffix kept moving; too many concurrent forks")
 
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
         keys = [*self._keys(tenant, session), self._assignment_key(tenant, session)]
         prep = self._digests.prepare(tenant, session, messages)
+        cap = session_cap(self.max_session_bytes, max_bytes)
         async with self._guard():
-            target, stored, parent, asg, flat_counts, flat_turns = await self._lookup(
+            target, stored, parent, asg, flat_counts, flat_turns, size = await self._lookup(
                 keys=keys, args=[b"".join(prep.chains)]
             )
             self._digests.stored(tenant, session, prep, int(stored))
+            new = prep.packed[int(stored) :]
+            if not surely_fits(size, new, cap):
+                # Near the cap: count as the ingest script will (only blobs not held yet).
+                texts = blob_texts(new)
+                pipe = self._redis.pipeline(transaction=False)
+                for ref in texts:
+                    pipe.hexists(keys[3], ref)
+                held = await pipe.execute()
+                fresh = {
+                    ref: codec.encode_blob(text)
+                    for (ref, text), exists in zip(texts.items(), held, strict=True)
+                    if not exists
+                }
+                adding = added_bytes(new, fresh)
+                if size + adding > cap:
+                    raise too_large(tenant, session, size, adding, cap)
             turns: list[tuple[int, bytes]] = []
             for limit, envelope in zip(flat_turns[::2], flat_turns[1::2], strict=True):
                 after, body = codec.unpack(envelope)
@@ -330,37 +355,6 @@ class RedisStore(SessionStore):
             raise bad_after_index(after_index, branch, int(reply[1]))
         if kind == b"too_large":
             raise too_large(tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes)
-
-    # -- render state ------------------------------------------------------------------
-    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
-        keys = self._keys(tenant, session)
-        check_branch(branch)
-        async with self._guard():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hexists(keys[0], f"l{branch}")
-            pipe.hmget(keys[5], [f"{branch}:v", f"{branch}:d"])
-            self._touch(pipe, tenant, session, keys)
-            exists, (version, data), *_ = await pipe.execute()
-        if not exists:
-            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
-        return int(version or 0), data
-
-    async def put_state(
-        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
-    ) -> int:
-        keys = self._keys(tenant, session)
-        check_branch(branch)
-        if not isinstance(data, bytes):
-            raise TypeError(f"render state must be bytes, got {type(data).__name__}")
-        async with self._guard():
-            reply = await self._put_state(
-                keys=keys, args=[self._ttl_ms, branch, expected_version, data]
-            )
-        if reply[0] == b"no_branch":
-            raise NotFound(f"session {session!r} of tenant {tenant!r} has no branch {branch}")
-        if reply[0] == b"conflict":
-            raise VersionConflict(expected_version, int(reply[1]))
-        return int(reply[1])
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(

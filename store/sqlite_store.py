@@ -32,10 +32,11 @@ from store.base import (
     SessionStore,
     StoredHistory,
     StoreUnavailable,
-    VersionConflict,
+    added_bytes,
     ancestry,
     assemble,
     bad_after_index,
+    blob_texts,
     check_assign,
     check_branch,
     check_counts,
@@ -43,6 +44,7 @@ from store.base import (
     check_turns,
     over_limit,
     session_cap,
+    surely_fits,
     too_large,
     turns_before,
     window_key,
@@ -66,9 +68,6 @@ CREATE TABLE IF NOT EXISTS blobs (
 CREATE TABLE IF NOT EXISTS gateway_turns (
   sid INTEGER, branch INTEGER, seq INTEGER, after INTEGER, body BLOB,
   PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS states (
-  sid INTEGER, branch INTEGER, version INTEGER, data BLOB,
-  PRIMARY KEY (sid, branch)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS request_log (
   sid INTEGER, branch INTEGER, seq INTEGER, data BLOB,
   PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
@@ -96,7 +95,6 @@ _SESSION_TABLES = (
     "messages",
     "blobs",
     "gateway_turns",
-    "states",
     "request_log",
     "counts",
 )
@@ -189,22 +187,43 @@ class SQLiteStore(SessionStore):
 
         return await self._run(write, write=True)
 
-    async def lookup(self, tenant: str, session: str, messages: Sequence[Message]) -> Lookup:
+    async def lookup(
+        self,
+        tenant: str,
+        session: str,
+        messages: Sequence[Message],
+        *,
+        max_bytes: int | None = None,
+    ) -> Lookup:
         check_id("tenant", tenant)
         check_id("session", session)
         prep = self._digests.prepare(tenant, session, messages)
+        cap = session_cap(self.max_session_bytes, max_bytes)
+
+        def refuse_over_cap(
+            conn: sqlite3.Connection, sid: int | None, stored: int, at: int
+        ) -> None:
+            """Refuse as ``_ingest`` would, storing the messages from index ``at``."""
+            new = prep.packed[at:]
+            if surely_fits(stored, new, cap):
+                return
+            adding = added_bytes(new, _fresh_blobs(conn, sid, new))
+            if stored + adding > cap:
+                raise too_large(tenant, session, stored, adding, cap)
 
         def read(conn: sqlite3.Connection) -> Lookup:
             assignment = _assignment(conn, tenant, session, time.time())
             row = conn.execute(
-                "SELECT id, head, used FROM sessions WHERE tenant=? AND session=?",
+                "SELECT id, head, used, bytes FROM sessions WHERE tenant=? AND session=?",
                 (tenant, session),
             ).fetchone()
             if row is None or row[2] < time.time() - self.ttl_s:
+                refuse_over_cap(conn, None, 0, 0)
                 return Lookup(None, 0, {}, {}, assignment)
             sid, head = int(row[0]), int(row[1])
             branches = _branches(conn, sid)
             target, from_, parent = _select(conn, sid, head, branches, prep.chains)
+            refuse_over_cap(conn, sid, int(row[3]), from_)
             n = len(prep.chains)
             owner = target if target >= 0 else parent
             if owner < 0:
@@ -246,14 +265,8 @@ class SQLiteStore(SessionStore):
         if new_branch:
             target = len(branches)
         new = prep.packed[from_:]
-        blobs = {ref: text for p in new for ref, text in p.blobs.items()}
-        fresh = {
-            ref: codec.encode_blob(text)
-            for ref, text in blobs.items()
-            if conn.execute("SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
-            is None
-        }
-        adding = sum(len(p.body) + 16 for p in new) + sum(len(d) + 16 for d in fresh.values())
+        fresh = _fresh_blobs(conn, sid, new)
+        adding = added_bytes(new, fresh)
         if stored + adding > cap:
             raise too_large(tenant, session, stored, adding, cap)
         if new_branch:
@@ -335,15 +348,7 @@ class SQLiteStore(SessionStore):
             length = self._branch_length(conn, sid, session, branch)
             if after_index >= length:
                 raise bad_after_index(after_index, branch, length)
-            blobs = {ref: text for p in packed for ref, text in p.blobs.items()}
-            fresh = {
-                ref: codec.encode_blob(text)
-                for ref, text in blobs.items()
-                if conn.execute(
-                    "SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)
-                ).fetchone()
-                is None
-            }
+            fresh = _fresh_blobs(conn, sid, packed)
             (stored,) = conn.execute("SELECT bytes FROM sessions WHERE id=?", (sid,)).fetchone()
             adding = sum(len(p.body) for p in packed) + sum(len(d) + 16 for d in fresh.values())
             if stored + adding > self.max_session_bytes:
@@ -362,50 +367,6 @@ class SQLiteStore(SessionStore):
             conn.execute("UPDATE sessions SET bytes=? WHERE id=?", (stored + adding, sid))
 
         await self._run(write, write=True)
-
-    # -- render state ------------------------------------------------------------------
-    async def get_state(self, tenant: str, session: str, branch: int) -> tuple[int, bytes | None]:
-        check_id("tenant", tenant)
-        check_id("session", session)
-        check_branch(branch)
-
-        def read(conn: sqlite3.Connection) -> tuple[int, bytes | None]:
-            sid = self._need_sid(conn, tenant, session)
-            self._branch_length(conn, sid, session, branch)
-            row = conn.execute(
-                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
-            ).fetchone()
-            return (0, None) if row is None else (int(row[0]), bytes(row[1]))
-
-        return await self._run(read, write=True)
-
-    async def put_state(
-        self, tenant: str, session: str, branch: int, expected_version: int, data: bytes
-    ) -> int:
-        check_id("tenant", tenant)
-        check_id("session", session)
-        check_branch(branch)
-        if not isinstance(data, bytes):
-            raise TypeError(f"render state must be bytes, got {type(data).__name__}")
-
-        def cas(conn: sqlite3.Connection) -> int:
-            sid = self._need_sid(conn, tenant, session)
-            self._branch_length(conn, sid, session, branch)
-            row = conn.execute(
-                "SELECT version, data FROM states WHERE sid=? AND branch=?", (sid, branch)
-            ).fetchone()
-            current = 0 if row is None else int(row[0])
-            if current == expected_version + 1 and bytes(row[1]) == data:
-                return current  # a repeated call that already went through
-            if current != expected_version:
-                raise VersionConflict(expected_version, current)
-            conn.execute(
-                "INSERT OR REPLACE INTO states VALUES (?, ?, ?, ?)",
-                (sid, branch, current + 1, data),
-            )
-            return current + 1
-
-        return await self._run(cas, write=True)
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(
@@ -724,6 +685,20 @@ def _turns(
             )
         ]
     return turns
+
+
+def _fresh_blobs(
+    conn: sqlite3.Connection, sid: int | None, packed: Sequence[codec.PackedMessage]
+) -> dict[bytes, bytes]:
+    """The blobs of ``packed`` that session ``sid`` (None: a new one) does not hold yet,
+    in their stored form."""
+    return {
+        ref: codec.encode_blob(text)
+        for ref, text in blob_texts(packed).items()
+        if sid is None
+        or conn.execute("SELECT 1 FROM blobs WHERE sid=? AND digest=?", (sid, ref)).fetchone()
+        is None
+    }
 
 
 def _blob_reader(conn: sqlite3.Connection, sid: int) -> Callable[[bytes], bytes | None]:

@@ -2,8 +2,10 @@
 
 Failover to another replica happens only before the first chunk (``router.with_failover``):
 ``open`` returns once a replica's first chunk is in hand, which is when the upstream has
-accepted the request. A replica that refuses the context as too long gets the overflow
-ladder: CliffCompaction's rungs over the rendering, smaller each time, until one is taken.
+accepted the request; the replica's success is reported once the reply is read to its end
+(``router.reading_reply``, in the restore loop). A replica that refuses the context as too
+long gets the overflow ladder: CliffCompaction's rungs over the rendering, smaller each
+time, until one is taken.
 With no configured upstream model, the replicas' one served model is used (discovered
 once from ``/v1/models``).
 """
@@ -106,6 +108,7 @@ class Forward:
             attempt,
             max_attempts=self.config.max_attempts,
             hints=hints,
+            streamed=True,  # the restore loop reports the reply's outcome at its end
         )
 
     async def open_compacted(

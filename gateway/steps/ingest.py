@@ -5,6 +5,8 @@ reads (``store.lookup``) which branch the history lands on and what the request 
 besides its own messages: the gateway's turns (restore exchanges) that belong in it, the
 branch's counters (the last prompt, for a cost-aware route) and the session's replica
 assignment. Render and route need nothing else, so they run before anything is written.
+The same read refuses a request that would take the session past its size cap (413), so
+no upstream serves a request whose history cannot be kept.
 
 ``commit`` stores the history (append only, idempotent, forks kept) together with the
 replica assignment the route chose, in one atomic write, once an upstream accepted the
@@ -69,9 +71,9 @@ class Prepared:
     state: RenderState = field(default_factory=RenderState)
     # Set by ``commit``: the branch the history was stored on.
     branch: int | None = None
-    # The last rendering's renderer cache and token estimate, kept for the session's next
-    # request once the history is stored (``Render.keep``).
-    render_cache: tuple[Any, int] | None = None
+    # The last rendering's renderer cache entry, kept for the session's next request once
+    # the history is stored (``Render.keep``).
+    render_cache: Any = None
     # What is derived from each message (store dicts, token estimates, upstream encoding),
     # reused across the session's requests when they reuse the message objects.
     memo: MessageMemo = field(default_factory=MessageMemo)
@@ -101,11 +103,15 @@ async def ingest(
     tenant: str,
     session: str,
     request: Decoded,
+    *,
+    max_bytes: int | None = None,
     **options: Any,
 ) -> Prepared:
     """The request with what the store holds for it (one read; nothing written).
+    ``SessionTooLarge`` when storing it would take the session past its size cap (the
+    store's, or the tenant's ``max_bytes``): refused before any upstream serves it.
     ``options``: the other ``Prepared`` fields (strategy, fold, stream, ...)."""
-    found = await store.lookup(tenant, session, request.stored)
+    found = await store.lookup(tenant, session, request.stored, max_bytes=max_bytes)
     prepared = Prepared(
         tenant=tenant,
         session=session,
@@ -116,6 +122,7 @@ async def ingest(
         raw_tokens=request.tokens,
         memo=request.memo,
         turns={after: list(turns) for after, turns in found.gateway_turns.items()},
+        max_bytes=max_bytes,
         **options,
     )
     prepared._place_turns()

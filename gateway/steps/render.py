@@ -2,9 +2,9 @@
 
 Renderers are pure (``gateway.fold``); what one keeps between a session's requests (its
 ``cache``: the compressed prefix before the chunk boundary) lives here, per (tenant,
-session, branch, strategy), in an LRU bounded by the rendered text it holds. Beside it the
-cache entry keeps how much rewrite re-prefill the session has already reported, so the
-metric counts each rewrite once, when the renderer takes it.
+session, branch, strategy), in an LRU bounded by the memory its entries keep alive
+(``cache_memory``). Beside it the cache entry keeps how much rewrite re-prefill the session
+has already reported, so the metric counts each rewrite once, when the renderer takes it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,26 @@ from gateway.fold.renderer import Renderer
 from gateway.request_cache import BYTES_PER_TOKEN
 from gateway.steps.ingest import Prepared
 from gateway.transcript import Transcript
+
+# Memory a session's renderer cache keeps alive per byte of the history's text (the
+# gateway's estimate, ``BYTES_PER_TOKEN`` per estimated token), by the strategy that keeps
+# it; a composition keeps each part's cache. Measured with tracemalloc over synthetic agent
+# sessions, each cache alone in the process (what its entries free when dropped), by
+# tests/gateway/test_byte_lru.py, which fails when they drift. ReFold keeps the rendered
+# prefix as new message objects with their derived fields (digests, token counts, stub
+# index): 6x the text of bench/memory.py's sessions, 7.3x of short source lines; charged
+# 7x. CliffCompaction keeps its last context's messages and its running token counts. The
+# others keep nothing that grows with the session.
+CACHE_MEMORY_PER_TEXT_BYTE = {"refold": 7.0, "cliff": 0.8}
+# An entry of a strategy without a cache: its key and bookkeeping (measured ~400 B).
+CACHE_ENTRY_BYTES = 512
+
+
+def cache_memory(strategy: str, history_tokens: int) -> int:
+    """What the LRU charges for a session's renderer cache: its estimated memory, in bytes,
+    for a history of ``history_tokens`` estimated tokens."""
+    per_byte = sum(CACHE_MEMORY_PER_TEXT_BYTE.get(part, 0.0) for part in strategy.split("+"))
+    return CACHE_ENTRY_BYTES + int(history_tokens * BYTES_PER_TOKEN * per_byte)
 
 
 def fold_options(strategy: str, fold: str) -> dict[str, str]:
@@ -107,7 +127,7 @@ class Render:
             metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
         prepared.stats = stats
         tokens = prepared.memo.tokens(rendered.transcript.messages)
-        prepared.render_cache = (_SessionRender(rendered.cache, stats.reprefill_tokens), tokens)
+        prepared.render_cache = _SessionRender(rendered.cache, stats.reprefill_tokens)
         if prepared.branch is not None:
             self.keep(prepared)
         self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
@@ -118,6 +138,6 @@ class Render:
         branch its history was stored on (``commit``): a request the upstream never
         accepted leaves the session's cache as it was."""
         if prepared.render_cache is not None and prepared.branch is not None:
-            entry, tokens = prepared.render_cache
             key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
-            self._sessions.put(key, entry, tokens * BYTES_PER_TOKEN)
+            charge = cache_memory(prepared.strategy, prepared.raw_tokens)
+            self._sessions.put(key, prepared.render_cache, charge)

@@ -22,6 +22,7 @@ from gateway.replies import Decision, ReplyFilter
 from gateway.steps.ingest import Prepared
 from gateway.transcript import Message, Text
 from gateway.upstream import ChatStream
+from router import ReplicaPool, reading_reply
 from router.replica import Replica
 from store import SessionStore
 
@@ -45,15 +46,18 @@ async def replies(
     stream: ChatStream,
     *,
     store: SessionStore,
+    pool: ReplicaPool,
     guard: ContextGuard,
     ask_again: AskAgain,
     max_restores: int,
 ) -> AsyncIterator[dict[str, Any]]:
-    """The chunks for the client, restores answered in between."""
+    """The chunks for the client, restores answered in between; each reply's outcome goes
+    to its replica's circuit breaker (``pool``) when the reply ends."""
     first = True
     while True:
         reply_filter = ReplyFilter(text_actions=prepared.text_actions, first_attempt=first)
-        with outcome.replica.track():
+        # A reply that breaks off after its first chunk is a failure of its replica.
+        with outcome.replica.track(), reading_reply(pool, outcome.replica):
             async for chunk in stream:
                 for out in reply_filter.feed(chunk):
                     yield out

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from pathlib import Path
+
+import pytest
 
 from gateway import metrics
 from gateway.byte_lru import ByteLRU
@@ -10,6 +14,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
 from gateway.pipeline import Pipeline
 from gateway.steps.ingest import commit
+from gateway.steps.render import CACHE_ENTRY_BYTES
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
@@ -49,9 +54,9 @@ def chat(session: str) -> dict:
     return {"model": "m", "messages": messages}
 
 
-async def test_renderer_caches_are_bounded_by_the_text_they_hold(tmp_path: Path) -> None:
-    # Room for one session's rendering, not two.
-    config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/s.db", render_cache_bytes=12_000)
+async def test_renderer_caches_are_bounded_by_the_memory_they_keep(tmp_path: Path) -> None:
+    # Room for one session's ReFold cache (~9 KB of text, charged ~6x), not two.
+    config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/s.db", render_cache_bytes=80_000)
     store = open_store(config.store_url)
     pool, policy = ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin")
     pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
@@ -67,6 +72,89 @@ async def test_renderer_caches_are_bounded_by_the_text_they_hold(tmp_path: Path)
             await commit(store, prepared, None)  # as once an upstream accepted it
             pipeline.render.keep(prepared)
         assert evictions("render") == before + 1
-        assert 0 < pipeline.render._sessions.bytes <= 12_000
+        assert 40_000 < pipeline.render._sessions.bytes <= 80_000
     finally:
         await store.close()
+
+
+def agent_session(tag: str, steps: int) -> list[dict]:
+    """An agent's history: a task, then tool calls each followed by a distinct ~4 KB output
+    (source lines, as ``cat -n`` prints them)."""
+    messages = [
+        {"role": "system", "content": "a coding agent"},
+        {"role": "user", "content": f"{tag}: make the failing test pass"},
+    ]
+    for step in range(steps):
+        call = {"id": f"c{step}", "type": "function"}
+        call["function"] = {"name": "bash", "arguments": f'{{"cmd": "cat -n mod{step}.py"}}'}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        source = "\n".join(
+            f"{i:6d}\tdef {tag}_f{step}_{i}(x):  return x * {i} + {step}" for i in range(80)
+        )
+        messages.append({"role": "tool", "tool_call_id": f"c{step}", "content": source})
+    return messages
+
+
+async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, int, int]:
+    """With only ``cache`` ("decode" or "render") on: (bytes it charged, bytes its entries
+    keep alive: what tracemalloc sees freed when they are dropped, entries) after 4
+    sessions of 2 requests each."""
+    unbounded = 1 << 40
+    config = GatewayConfig(
+        store_url=f"sqlite:///{tmp_path}/{cache}-{strategy}.db",
+        strategy=strategy,
+        budget=4_000 if "cliff" in strategy else None,
+        decode_cache_bytes=unbounded if cache == "decode" else 0,
+        render_cache_bytes=unbounded if cache == "render" else 0,
+    )
+    store = open_store(config.store_url)
+    pool, policy = ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin")
+    pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
+    lru = pipeline._decoded._sessions if cache == "decode" else pipeline.render._sessions
+
+    async def session(tag: str) -> None:
+        for steps in (6, 12):
+            headers = {"x-session-id": tag}
+            body = {"model": "m", "messages": agent_session(tag, steps)}
+            prepared = await pipeline.prepare(
+                await pipeline.decode(OPENAI, body, headers), body, headers
+            )
+            pipeline.render(prepared)
+            await commit(store, prepared, None)
+            pipeline.render.keep(prepared)
+
+    try:
+        await session("warm")  # imports, renderers, first-use allocations
+        tracemalloc.start()
+        try:
+            for tag in ("a", "b", "c", "d"):
+                await session(tag)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            charged, entries = lru.bytes, len(lru)
+            lru._entries.clear()
+            gc.collect()
+            freed = held - tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    finally:
+        await store.close()
+    return charged, freed, entries
+
+
+@pytest.mark.parametrize(
+    ("cache", "strategy"),
+    [("decode", "refold"), ("render", "refold"), ("render", "cliff"), ("render", "refold+cliff")],
+)
+async def test_caches_charge_the_memory_their_entries_keep_alive(
+    cache: str, strategy: str, tmp_path: Path
+) -> None:
+    """The byte bounds mean memory: what a cache charges for its entries is within a margin
+    of what they keep alive (measured here; the renderers' factors are set from this)."""
+    charged, freed, _ = await memory_held(cache, strategy, tmp_path)
+    assert 0.75 <= charged / freed <= 1.5, (charged, freed)
+
+
+async def test_a_strategy_without_a_cache_charges_only_its_entry(tmp_path: Path) -> None:
+    charged, freed, entries = await memory_held("render", "base", tmp_path)
+    assert charged == entries * CACHE_ENTRY_BYTES and freed < charged

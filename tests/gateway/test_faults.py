@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import DEFAULT_TENANT, GatewayConfig
@@ -133,6 +135,69 @@ async def test_a_replica_failing_repeatedly_is_taken_out_and_comes_back(gateway_
     assert back.status_code == 200, back.text  # the half-open trial closed it
     state = {"replica": fake.url}
     assert counter(metrics, "foldgate_router_breaker_state", state) == 0
+    assert counter(metrics, "foldgate_router_breaker_opened_total", state) == 1
+
+
+class BreakingUpstream(FakeUpstream):
+    """The fake upstream, with two more faults after the first chunk: ``break_with`` holds,
+    per request, "drop" (the connection is cut) or "error" (an error event, as vLLM sends
+    when generation fails); None streams as scripted."""
+
+    def __init__(self, script: list[ScriptedReply], break_with: list[str | None]) -> None:
+        super().__init__(script)
+        self.break_with = list(break_with)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        fault = self.break_with.pop(0) if self.break_with else None
+        if fault is None:
+            return await super()._chat(request)
+        body = await request.json()
+        self.requests.append(body)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        first = self.chunks(ScriptedReply(), self.prompt_tokens(body))[0]
+        await resp.write(f"data: {json.dumps(first)}\n\n".encode())
+        if fault == "drop":
+            assert request.transport is not None
+            request.transport.abort()
+        else:
+            error = {"error": {"message": "engine failed", "type": "InternalServerError"}}
+            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+            await resp.write_eof()
+        return resp
+
+
+async def test_replies_breaking_off_after_the_first_chunk_take_the_replica_out(
+    store_url: str, client: httpx.AsyncClient
+) -> None:
+    """An idle timeout between chunks, a dropped connection and an error event, each after
+    the first chunk: three failures in a row of one replica, which its breaker takes out."""
+    stalls = ScriptedReply(content="x" * 40, chunk_delay_s=1.0)  # past the idle timeout
+    fake = await BreakingUpstream([stalls], break_with=[None, "drop", "error"]).start()
+    config = GatewayConfig(
+        store_url=store_url,
+        replicas=(fake.url,),
+        probe_interval_s=0.5,
+        upstream_idle_timeout_s=0.2,
+        breaker_failures=3,
+        breaker_open_s=30.0,
+    )
+    try:
+        async with running_gateway(config) as url:
+            broken = [
+                await client.post(f"{url}/v1/chat/completions", json=CHAT.body([user(f"{i}")]))
+                for i in range(3)
+            ]
+            out = await client.post(f"{url}/v1/chat/completions", json=CHAT.body([user("x")]))
+            metrics = (await client.get(f"{url}/metrics")).text
+    finally:
+        await fake.stop()
+    assert [r.status_code for r in broken] == [502] * 3, [r.text for r in broken]
+    assert out.status_code == 503 and CHAT.error(out.json())["type"] == "overloaded_error"
+    assert 29 <= int(out.headers["retry-after"]) <= 30  # the breaker's next trial
+    assert len(fake.requests) == 3  # the open breaker kept the fourth away
+    state = {"replica": fake.url}
+    assert counter(metrics, "foldgate_router_breaker_state", state) == 2
     assert counter(metrics, "foldgate_router_breaker_opened_total", state) == 1
 
 

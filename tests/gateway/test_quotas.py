@@ -162,20 +162,54 @@ async def test_upstream_token_limit_counts_what_the_replica_reported(gateway_wit
     assert statuses == [200, 429, 429, 429]
 
 
-async def test_session_size_limit_is_a_413_and_stores_nothing(gateway_with_fake, client, store_url):
+async def test_session_size_limit_is_a_413_before_the_upstream_and_stores_nothing(
+    gateway_with_fake, client, store_url
+):
+    """A request that would take its session past the cap is refused on the store's read,
+    before the upstream: it reaches no replica, stores nothing and charges no quota."""
     keys, headers = keyed("acme")
-    async with gateway_with_fake(api_keys=keys, tenants={"*": {"session_bytes": 2000}}) as (
-        url,
-        _fake,
-    ):
-        resp = await client.post(
+    # Random hex is stored compressed to about half: 1.5 KB for 1,500 random bytes.
+    big = os.urandom(1500).hex()
+    tenants = {"*": {"session_bytes": 1200, "raw_tokens_per_minute": 1000}}
+    await away_from_the_minute_turn()
+    async with gateway_with_fake(api_keys=keys, tenants=tenants) as (url, fake):
+        first = await client.post(
             f"{url}/v1/chat/completions",
-            json=chat(os.urandom(3000).hex()),  # stored compressed: random, so ~3 KB
+            json=chat("hello"),
             headers={**headers, "x-session-id": "s"},
         )
-    assert resp.status_code == 413 and "2000-byte cap" in resp.json()["error"]["message"]
+        history = [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": big},
+        ]
+        grown = await client.post(
+            f"{url}/v1/messages",
+            json={"model": "m", "max_tokens": 8, "messages": history},
+            headers={**headers, "x-session-id": "s"},
+        )
+        new = await client.post(
+            f"{url}/v1/chat/completions", json=chat(big), headers={**headers, "x-session-id": "n"}
+        )
+        upstream_asked = len(fake.requests)
+        # ~400 prompt tokens: within the minute's 1,000 only if the refused ~750 were not charged
+        after = await client.post(
+            f"{url}/v1/chat/completions",
+            json=chat("word " * 320),
+            headers={**headers, "x-session-id": "t"},
+        )
+    assert first.status_code == 200
+    assert upstream_asked == 1
+    assert grown.status_code == 413 and "retry-after" not in grown.headers
+    assert grown.json()["type"] == "error"
+    assert grown.json()["error"]["type"] == "request_too_large"
+    assert "1200-byte cap" in grown.json()["error"]["message"]
+    assert new.status_code == 413 and "1200-byte cap" in new.json()["error"]["message"]
+    assert after.status_code == 200, after.text
     async with store_at(store_url) as store:
-        assert await store.list_sessions("acme") == []
+        assert sorted(await store.list_sessions("acme")) == ["s", "t"]
+        stored = await store.load("acme", "s")
+        assert len(stored.messages) == 1
 
 
 class SlowUpstream(FakeUpstream):

@@ -5,6 +5,7 @@ away cancels the upstream request, streaming or not, before the first byte or du
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -115,13 +116,29 @@ async def test_refused_requests_leave_the_store_as_it_was(backend: str) -> None:
             resp = await http.post("/v1/chat/completions", json=chat(2), headers=headers)
             assert resp.status_code == 502, resp.text
             await healthy(http)
-            # Past the tenant's session size: refused after the upstream answered (the
-            # history is written then), and the upstream's reply is closed unread.
-            fake.script.append(ScriptedReply(content="x" * 400, chunk_delay_s=0.05))
+            # Past the tenant's session size: refused on the store's read, so no upstream
+            # is asked.
+            asked = len(fake.requests)
             resp = await http.post("/v1/chat/completions", json=chat(12), headers=headers)
             assert resp.status_code == 413, resp.text
+            assert len(fake.requests) == asked
             await settled(fake)
             assert await snapshot(backend, tenant, "s") == before
+            # Two continuations that fit alone but not together, both read before either is
+            # stored: the write's atomic check refuses the second once its upstream answered,
+            # and that reply is closed unread.
+            slow = ScriptedReply(content="x" * 80, first_chunk_delay_s=1.0, chunk_delay_s=0.05)
+            fake.script.extend([slow, slow])
+            forks = [chat(1) for _ in range(2)]
+            for body in forks:  # ~1.5 KB each, stored compressed
+                body["messages"] += [
+                    {"role": "assistant", "content": "answer 1"},
+                    {"role": "user", "content": os.urandom(1400).hex()},
+                ]
+            both = await asyncio.gather(
+                *(http.post("/v1/chat/completions", json=b, headers=headers) for b in forks)
+            )
+            assert sorted(r.status_code for r in both) == [200, 413], [r.text for r in both]
             for _ in range(100):
                 if fake.aborted:
                     break

@@ -74,3 +74,11 @@ def test_outcomes_while_open_are_ignored() -> None:
 def test_bad_settings_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CircuitBreaker(**kwargs)
+
+
+def test_open_for_counts_down_to_the_next_trial() -> None:
+    b = CircuitBreaker(failures=1, open_s=5)
+    assert b.open_for(0) == 0
+    b.record_failure(10)
+    assert b.open_for(11) == 4 and b.open_for(14.5) == 0.5
+    assert b.open_for(15) == 0 and b.current(15) is HALF_OPEN

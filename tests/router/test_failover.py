@@ -1,3 +1,4 @@
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -13,6 +14,7 @@ from router import (
     RoundRobinPolicy,
     StickyPolicy,
     UpstreamFailed,
+    reading_reply,
     with_failover,
 )
 from tests.router.fake_replica import FakeReplica, vllm_metrics_text
@@ -197,3 +199,21 @@ async def test_a_replica_failing_every_request_is_taken_out_and_tried_again_late
                 for _ in range(4)
             ]
         assert bad.url in served and pool.get(bad.url).breaker.state == 0
+
+
+def test_reading_reply_reports_its_outcome_when_the_reply_ends() -> None:
+    pool = ReplicaPool(["http://127.0.0.1:9"], breaker_failures=3)
+    (replica,) = pool.replicas
+    for _ in range(2):  # broken off after the first chunk: a failure of the replica
+        with pytest.raises(UpstreamFailed), reading_reply(pool, replica):
+            raise UpstreamFailed("stream broke", retryable=False)
+    assert replica.breaker.failures_in_a_row == 2
+    with pytest.raises(asyncio.CancelledError), reading_reply(pool, replica):
+        raise asyncio.CancelledError  # the client went away: says nothing about the replica
+    assert replica.breaker.failures_in_a_row == 2
+    with reading_reply(pool, replica):
+        pass  # read to its end
+    assert replica.breaker.failures_in_a_row == 0
+    with pytest.raises(UpstreamFailed), reading_reply(pool, replica):
+        raise UpstreamFailed("bad request", retryable=False, status=400)  # the request's fault
+    assert replica.breaker.failures_in_a_row == 0

@@ -203,3 +203,32 @@ def test_bad_configuration_is_rejected(kwargs: dict, message: str) -> None:
 async def test_probe_before_start_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="before start"):
         await ReplicaPool(["http://a:1"]).probe_once()
+
+
+def test_retry_after_is_the_earliest_replicas_next_trial() -> None:
+    """What a 503 for "no healthy replica" tells the client: when a breaker next lets a
+    trial through, or a replica the probes took out is probed again (at least 1 s)."""
+    clock = Clock()
+    a, b = "http://127.0.0.1:9", "http://127.0.0.1:10"
+    pool = ReplicaPool(
+        [a, b], probe_interval_s=2, breaker_failures=1, breaker_open_s=5, clock=clock
+    )
+    ra, rb = pool.replicas
+    ra.healthy = rb.healthy = True  # as after a passing probe
+    pool.report_failure(ra)  # open for 5 s
+    clock.now += 1
+    pool.report_failure(rb)  # open for 5 s, a second later
+    assert pool.routable() == [] and pool.retry_after_s() == 4  # a's trial, in 4 s
+    clock.now += 3.5
+    assert pool.retry_after_s() == 1  # 0.5 s, rounded up
+    clock.now += 0.5  # a is half-open: admits a trial; busy with one, the client waits 1 s
+    with ra.track():
+        assert pool.routable() == [] and pool.retry_after_s() == 1
+    pool.report_failure(ra)  # the trial failed: out for 10 s; b turns half-open in 1 s
+    assert pool.retry_after_s() == 1
+    clock.now += 1
+    pool.report_failure(rb)  # b's trial failed too: out for 10 s from now
+    assert pool.retry_after_s() == 9  # a's trial comes first
+    ra.healthy = rb.healthy = False  # taken out by probes too: the next probe after that
+    clock.now += 9
+    assert pool.retry_after_s() == 2

@@ -16,7 +16,6 @@ from store import (
     Refusal,
     SessionStore,
     SessionTooLarge,
-    VersionConflict,
 )
 from tests.store.conftest import StoreFactory, history, msg
 
@@ -238,43 +237,6 @@ async def test_gateway_turn_errors(store: SessionStore, tenant: str) -> None:
         await store.append_gateway_turns(tenant, "s", 0, 0, [])
 
 
-async def test_render_state_compare_and_set(make_store: StoreFactory, tenant: str) -> None:
-    a, b = make_store(), make_store()
-    try:
-        await a.ingest(tenant, "s", history(2))
-        assert await a.get_state(tenant, "s", 0) == (0, None)
-        assert await a.put_state(tenant, "s", 0, 0, b"state-1") == 1
-        assert await b.get_state(tenant, "s", 0) == (1, b"state-1")
-        with pytest.raises(VersionConflict, match="version is 1, expected 0") as err:
-            await b.put_state(tenant, "s", 0, 0, b"clobber")
-        assert err.value.current == 1
-        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2
-        assert await b.put_state(tenant, "s", 0, 1, b"state-2") == 2  # a retried call
-        with pytest.raises(VersionConflict):
-            await b.put_state(tenant, "s", 0, 1, b"different")
-        assert await a.get_state(tenant, "s", 0) == (2, b"state-2")
-        with pytest.raises(NotFound):
-            await a.get_state(tenant, "s", 3)
-        with pytest.raises(NotFound):
-            await a.put_state(tenant, "nope", 0, 0, b"x")
-    finally:
-        await a.close()
-        await b.close()
-
-
-async def test_concurrent_state_writers_one_wins(store: SessionStore, tenant: str) -> None:
-    await store.ingest(tenant, "s", history(2))
-
-    async def write(i: int) -> int | None:
-        try:
-            return await store.put_state(tenant, "s", 0, 0, f"w{i}".encode())
-        except VersionConflict:
-            return None
-
-    results = await asyncio.gather(*(write(i) for i in range(16)))
-    assert [r for r in results if r is not None] == [1]
-
-
 async def test_counts_add_up_and_a_retry_adds_nothing(
     make_store: StoreFactory, tenant: str
 ) -> None:
@@ -478,6 +440,38 @@ async def test_size_cap_rejects_without_writing(make_store: StoreFactory, tenant
             await s.load(tenant, "small")
         with pytest.raises(SessionTooLarge, match=r"over the 4000-byte cap"):
             await s.ingest(tenant, "s", [*h, big], max_bytes=10**9)
+    finally:
+        await s.close()
+
+
+async def test_lookup_refuses_what_ingest_would_refuse_as_too_large(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    """So a gateway refuses an over-cap request before any upstream serves it."""
+    s = make_store(max_session_bytes=4000)
+    try:
+        h = history(4)
+        await s.ingest(tenant, "s", h)
+        big = msg("tool", "".join(random.choices(string.ascii_letters, k=8000)), tool_call_id="1")
+        with pytest.raises(SessionTooLarge, match=r"over the 4000-byte cap"):
+            await s.lookup(tenant, "s", [*h, big])
+        with pytest.raises(SessionTooLarge, match=r"over the 300-byte cap"):
+            await s.lookup(tenant, "new", history(12), max_bytes=300)
+        assert await s.list_sessions(tenant) == ["s"]  # the refusals wrote nothing
+        assert (await s.lookup(tenant, "s", h[:2], max_bytes=10)).stored == 2  # adds nothing
+
+        # Near the cap the count is exact: a blob the session holds costs nothing again.
+        text = "".join(random.choices(string.ascii_letters, k=3000))  # ~2.2 KB compressed
+        read = [msg("user", "read"), msg("assistant", "call"), msg("tool", text, tool_call_id="a")]
+        await s.ingest(tenant, "blob", read, max_bytes=3000)
+        again = [*read, msg("assistant", "call"), msg("tool", text, tool_call_id="b")]
+        assert (await s.lookup(tenant, "blob", again, max_bytes=3000)).stored == 3
+        other = "".join(random.choices(string.ascii_letters, k=3000))
+        with pytest.raises(SessionTooLarge, match=r"over the 3000-byte cap"):
+            await s.lookup(
+                tenant, "blob", [*read, msg("tool", other, tool_call_id="b")], max_bytes=3000
+            )
+        assert (await s.ingest(tenant, "blob", again, max_bytes=3000)).appended == 2
     finally:
         await s.close()
 

@@ -42,7 +42,7 @@ async def test_acknowledged_turns_survive_sigkill(durable_redis: RedisServer) ->
             await store.ingest("t", "s", h)  # acknowledged once this returns
         await store.append_gateway_turns("t", "s", 0, len(h) - 1, [msg("user", "restored")])
         fork = await store.ingest("t", "s", [*h[:10], msg("user", "edited")])
-        await store.put_state("t", "s", 0, 0, b"render state")
+        await store.add_counts("t", "s", 0, {"requests": 1}, token="r1", record=b"request 1")
         durable_redis.kill()
         durable_redis.start()
         # the same store object reconnects on its own
@@ -50,7 +50,8 @@ async def test_acknowledged_turns_survive_sigkill(durable_redis: RedisServer) ->
         assert list(loaded.messages) == h
         assert list(loaded.gateway_turns[len(h) - 1]) == [msg("user", "restored")]
         assert len((await store.load("t", "s", fork.branch_id)).messages) == 11
-        assert await store.get_state("t", "s", 0) == (1, b"render state")
+        assert await store.get_log("t", "s", 0) == [b"request 1"]
+        assert await store.get_counts("t", "s", 0) == {"requests": 1}
         assert (await store.ingest("t", "s", h)).appended == 0
     finally:
         await store.close()
@@ -68,7 +69,7 @@ async def test_stopped_redis_fails_fast_then_recovers(tmp_path: Path) -> None:
             store.load("t", "s"),
             store.get_assignment("t", "s"),
             store.set_assignment("t", "s", "r1", expected=None, ttl_s=5),
-            store.put_state("t", "s", 0, 0, b"x"),
+            store.add_counts("t", "s", 0, {"requests": 1}, token="r1"),
             store.list_sessions("t"),
         ]
         for call in calls:
@@ -115,14 +116,14 @@ async def test_session_keys_share_one_hash_tag(redis_url: str) -> None:
     try:
         await store.ingest(tenant, "s/1", [msg("user", "x" * 5000), *history(3)])
         await store.append_gateway_turns(tenant, "s/1", 0, 1, [msg("user", "gw")])
-        await store.put_state(tenant, "s/1", 0, 0, b"st")
+        await store.add_counts(tenant, "s/1", 0, {"requests": 1}, token="r1", record=b"log")
         await store.set_assignment(tenant, "s/1", "r1", expected=None, ttl_s=30)
         client = aioredis.Redis.from_url(redis_url)
         keys = [k.decode() async for k in client.scan_iter(match=f"fg:{{{tenant}*")]
         await client.aclose()
         tags = {re.search(r"\{[^}]*\}", k).group(0) for k in keys}  # type: ignore[union-attr]
         assert tags == {f"{{{tenant}/s%2F1}}"}
-        assert len(keys) == 7  # meta chain msgs blobs gw state asg
+        assert len(keys) == 8  # meta chain msgs blobs gw state (the log) counts asg
     finally:
         await store.delete_session(tenant, "s/1")
         await store.close()
