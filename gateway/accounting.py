@@ -19,8 +19,10 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from gateway import metrics
 from gateway.quotas import Quotas
@@ -107,6 +109,14 @@ def tool_names(tools: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(names)
 
 
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+def _as_dict(request: RequestRecord) -> dict[str, Any]:
+    """``dataclasses.asdict`` for a record of flat values (it deep-copies each one)."""
+    return {name: getattr(request, name) for name in _RECORD_FIELDS}
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     totals: dict[str, int]
@@ -167,7 +177,7 @@ async def account(
                 counts,
                 token=token,
                 latest=latest,
-                record=json.dumps(asdict(request)).encode(),
+                record=orjson.dumps(_as_dict(request)),
             )
             await quotas.record_upstream(prepared.tenant, prompt)
             return
