@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
@@ -25,7 +25,7 @@ from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
-from gateway.disconnect import ClientGone, unless_disconnected
+from gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from gateway.exposure import ReplicaLabels, header_value
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
@@ -138,7 +138,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 # gone before the first frame (the stream never starts), after the response.
                 stream = _released(dialect.stream(chunks, exchange), lease)
                 release, lease = BackgroundTask(lease.release), None
-                return StreamingResponse(
+                return EventStream(
                     stream, media_type="text/event-stream", headers=headers, background=release
                 )
             reply = await unless_disconnected(request, dialect.response(chunks, exchange))
