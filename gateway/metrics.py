@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.fold import STRATEGIES
@@ -73,3 +76,15 @@ CACHE_BYTES = Gauge(
     "Bytes of session text a per-session cache holds (the gateway's estimate)",
     ["cache"],
 )
+
+
+class WatchedCache(Protocol):
+    bytes: int
+    evicted: Callable[[], None] | None
+
+
+def watch_cache(name: str, cache: WatchedCache) -> None:
+    """Export a cache kept outside ``gateway`` (the store's digest cache) like the
+    gateway's own: its bytes held and its evictions."""
+    cache.evicted = CACHE_EVICTIONS.labels(cache=name).inc
+    CACHE_BYTES.labels(cache=name).set_function(lambda: cache.bytes)
