@@ -13,7 +13,10 @@ timeout 0). Handing each to a worker thread cost more than the call (a thread ha
 that finds the database locked by another process, or that comes while the worker thread
 has calls queued (their order is kept), goes to the worker thread, whose connection waits
 up to ``timeout_s`` for the lock; so do the calls whose work grows with a session
-(``load``, logs, listings and deletions, which purge). Checkpoints, which write the WAL
+(``load``, logs, listings and deletions, which purge), and the router's own assignment
+reads and compare-and-sets (the request path reads the assignment with the lookup and
+writes it with the ingest), whose races between gateways are resolved by waiting on one
+another. Checkpoints, which write the WAL
 back and fsync, run on the worker thread too: the loop's connection never checkpoints.
 """
 
@@ -611,7 +614,7 @@ class SQLiteStore(SessionStore):
     async def get_assignment(self, tenant: str, session: str) -> str | None:
         check_id("tenant", tenant)
         check_id("session", session)
-        return await self._run(lambda c: _assignment(c, tenant, session, time.time()), quick=True)
+        return await self._run(lambda c: _assignment(c, tenant, session, time.time()))
 
     async def set_assignment(
         self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
@@ -620,9 +623,7 @@ class SQLiteStore(SessionStore):
         check_id("session", session)
         assign = Assign(replica, expected, ttl_s)
         check_assign(assign)
-        return await self._run(
-            lambda c: _set_assignment(c, tenant, session, assign), write=True, quick=True
-        )
+        return await self._run(lambda c: _set_assignment(c, tenant, session, assign), write=True)
 
     # -- kept replies ------------------------------------------------------------------
     async def put_reply(self, tenant: str, reply_id: str, data: bytes) -> None:
