@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import metrics
 from gateway.config import GatewayConfig
@@ -191,6 +192,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     for dialect in DIALECTS:
         app.add_api_route(dialect.path, route(dialect), methods=["POST"], name=dialect.name)
+    app.add_middleware(DialectEndpoints, routes={d.path: route(d) for d in DIALECTS})
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -212,6 +214,28 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class DialectEndpoints:
+    """ASGI middleware: a POST to a dialect's endpoint is answered here, ahead of FastAPI's
+    routing (matching every route, solving the endpoint's dependencies, an exit stack and
+    an exception middleware per request), which adds nothing to these endpoints: they take
+    the raw request and answer every error themselves. Everything else goes on to FastAPI,
+    where the same routes stay registered (the OpenAPI schema lists them)."""
+
+    def __init__(
+        self, app: ASGIApp, routes: Mapping[str, Callable[[Request], Awaitable[Response]]]
+    ) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
