@@ -21,8 +21,10 @@ import json
 import logging
 import time
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from gateway import metrics
 from gateway.quotas import Quotas
@@ -110,6 +112,14 @@ def tool_names(tools: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(names)
 
 
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+def _as_dict(request: RequestRecord) -> dict[str, Any]:
+    """``dataclasses.asdict`` for a record of flat values (it deep-copies each one)."""
+    return {name: getattr(request, name) for name in _RECORD_FIELDS}
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     totals: dict[str, int]
@@ -172,7 +182,7 @@ async def account(
                 # while concurrent identical requests each add theirs.
                 token=request_id,
                 latest=latest,
-                record=json.dumps(asdict(request)).encode(),
+                record=orjson.dumps(_as_dict(request)),
             )
             await quotas.record_upstream(prepared.tenant, prompt)
             return

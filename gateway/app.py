@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import metrics
 from gateway.config import GatewayConfig
@@ -25,7 +26,7 @@ from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
-from gateway.disconnect import ClientGone, unless_disconnected
+from gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from gateway.exposure import ReplicaLabels, header_value
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline
@@ -62,7 +63,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 "quotas and the replicas' prefix cache)",
                 config.default_tenant,
             )
-        store = open_store(config.store_url)
+        store = open_store(config.store_url, digest_cache_bytes=config.digest_cache_bytes)
+        metrics.watch_cache("store_digests", store.digest_cache)
         pool = _make_pool(config)
         await pool.start()
         upstream = UpstreamClient(
@@ -138,7 +140,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 # gone before the first frame (the stream never starts), after the response.
                 stream = _released(dialect.stream(chunks, exchange), lease)
                 release, lease = BackgroundTask(lease.release), None
-                return StreamingResponse(
+                return EventStream(
                     stream, media_type="text/event-stream", headers=headers, background=release
                 )
             reply = await unless_disconnected(request, dialect.response(chunks, exchange))
@@ -190,6 +192,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     for dialect in DIALECTS:
         app.add_api_route(dialect.path, route(dialect), methods=["POST"], name=dialect.name)
+    app.add_middleware(DialectEndpoints, routes={d.path: route(d) for d in DIALECTS})
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -211,6 +214,28 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class DialectEndpoints:
+    """ASGI middleware: a POST to a dialect's endpoint is answered here, ahead of FastAPI's
+    routing (matching every route, solving the endpoint's dependencies, an exit stack and
+    an exception middleware per request), which adds nothing to these endpoints: they take
+    the raw request and answer every error themselves. Everything else goes on to FastAPI,
+    where the same routes stay registered (the OpenAPI schema lists them)."""
+
+    def __init__(
+        self, app: ASGIApp, routes: Mapping[str, Callable[[Request], Awaitable[Response]]]
+    ) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def _with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

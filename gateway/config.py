@@ -74,6 +74,10 @@ class GatewayConfig:
     decode_cache_bytes: int = 128 * 1024 * 1024
     """Session text the per-session decode cache keeps, in bytes as the gateway estimates
     them (4 per estimated token); the least recently used sessions are dropped past it."""
+    digest_cache_bytes: int = 64 * 1024 * 1024
+    """What the store's digest cache remembers of sessions' last requests (packed messages
+    and their text, so that only a request's new messages are encoded and hashed), in
+    bytes; the least recently used sessions are dropped past it."""
     render_cache_bytes: int = 128 * 1024 * 1024
     """Memory the per-session renderer caches keep, as estimated from each strategy's
     measured cost per byte of history text (``gateway.steps.render.cache_memory``: ReFold's

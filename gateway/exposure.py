@@ -16,6 +16,8 @@ from urllib.parse import quote
 
 # Printable ASCII but "%": what a percent-encoded header value may hold verbatim.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+# Labels kept computed (an HMAC per response otherwise); far more than a pool's replicas.
+_MAX_LABELS = 1024
 
 
 def header_value(value: str) -> str:
@@ -33,11 +35,18 @@ class ReplicaLabels:
         # Without a configured secret, labels are stable within this process only.
         self._key = secret.encode() if secret else secrets.token_bytes(16)
         self.debug = debug
+        self._labels: dict[str, str] = {}  # replica URL -> label, computed once
 
     def label(self, url: str) -> str:
         if self.debug:
             return url
-        return "replica-" + hmac.new(self._key, url.encode(), hashlib.sha256).hexdigest()[:12]
+        label = self._labels.get(url)
+        if label is None:
+            if len(self._labels) >= _MAX_LABELS:  # replicas found by DNS come and go
+                self._labels.clear()
+            digest = hmac.new(self._key, url.encode(), hashlib.sha256).hexdigest()
+            label = self._labels[url] = "replica-" + digest[:12]
+        return label
 
     def hide(self, value: Any) -> Any:
         """``value`` (a JSON document) with every string under a ``replica`` key labelled."""

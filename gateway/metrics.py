@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.fold import STRATEGIES
@@ -79,3 +82,15 @@ CACHE_BYTES = Gauge(
     "Memory a per-session cache keeps alive, in bytes (the gateway's measured estimate)",
     ["cache"],
 )
+
+
+class WatchedCache(Protocol):
+    bytes: int
+    evicted: Callable[[], None] | None
+
+
+def watch_cache(name: str, cache: WatchedCache) -> None:
+    """Export a cache kept outside ``gateway`` (the store's digest cache) like the
+    gateway's own: its bytes held and its evictions."""
+    cache.evicted = CACHE_EVICTIONS.labels(cache=name).inc
+    CACHE_BYTES.labels(cache=name).set_function(lambda: cache.bytes)

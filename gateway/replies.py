@@ -10,7 +10,6 @@ client's reply goes on with the model's next attempt.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass
@@ -155,9 +154,11 @@ class ReplyFilter:
         return piece
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        chunk = copy.deepcopy(self._template)
-        chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
-        return chunk
+        # A shallow copy: the template's values (id, model, ...) are only ever read.
+        return {
+            **self._template,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
 
 
 def _call_spec(call: dict[str, Any]) -> str:

@@ -16,10 +16,11 @@ the token estimates and upstream encoding of the rendered messages by object ide
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import xxhash
 
 from gateway.byte_lru import ByteLRU
@@ -33,6 +34,9 @@ DECODE_CACHE_BYTES = 128 * 1024 * 1024
 # Bytes of text per estimated token (``estimate_tokens`` counts 4 bytes as one): what an
 # entry's text takes, for the caches' byte bounds.
 BYTES_PER_TOKEN = 4
+# A session's entry holds its text about twice: the decoded messages (their store dicts
+# share the strings) and the upstream JSON of its last rendering (``MessageMemo``).
+TEXT_COPIES = 2
 # The first raw messages (system prompt, task) name a conversation when no id is sent.
 _KEY_MESSAGES = 2
 
@@ -43,11 +47,18 @@ class MessageMemo:
     Entries are keyed by ``id`` and hold the message itself, so an id cannot be reused while
     its entry lives. Entries not used during one request are dropped at the start of the
     next (``next_request``): the memo holds about one request's messages.
+
+    ``tokens`` and ``messages_json`` also keep their result for the last messages they were
+    given: a session's next rendering usually starts with the same messages (the same
+    objects, or equal ones), so only the new ones are estimated and encoded, and the
+    upstream body's message list is the last one's JSON with the new messages' appended.
     """
 
     def __init__(self) -> None:
         self._current: dict[int, _Derived] = {}
         self._previous: dict[int, _Derived] = {}
+        self._tokens_of: tuple[tuple[Message, ...], int] = ((), 0)
+        self._json_of: tuple[tuple[Message, ...], bytes] = ((), b"[]")
 
     def next_request(self) -> None:
         self._previous, self._current = self._current, {}
@@ -58,15 +69,20 @@ class MessageMemo:
         self._current[id(message)] = entry
         return entry
 
-    def tokens(self, messages: Iterable[Message]) -> int:
+    def tokens(self, messages: Sequence[Message]) -> int:
         """The sum of ``estimate_tokens`` over the messages."""
+        messages = tuple(messages)
+        last, total = self._tokens_of
+        new = _after(last, messages)
+        if new is None:
+            new, total = messages, 0
         current = self._current
-        total = 0
-        for m in messages:
+        for m in new:
             entry = current.get(id(m)) or self._adopt(m)
             if entry.tokens is None:
                 entry.tokens = estimate_tokens(m)
             total += entry.tokens
+        self._tokens_of = (messages, total)
         return total
 
     def encode(self, message: Message) -> dict[str, Any]:
@@ -75,6 +91,29 @@ class MessageMemo:
         if entry.encoded is None:
             entry.encoded = encode_message(message)
         return entry.encoded
+
+    def messages_json(self, messages: Sequence[Message]) -> bytes:
+        """``orjson.dumps([encode(m) for m in messages])``: the same bytes (orjson writes
+        a list as its items' JSON joined by commas)."""
+        messages = tuple(messages)
+        last, json = self._json_of
+        new = _after(last, messages)
+        if new is None:
+            json, new = b"[]", messages
+        if new:
+            items = b",".join(orjson.dumps(self.encode(m)) for m in new)
+            json = b"[" + items + b"]" if json == b"[]" else json[:-1] + b"," + items + b"]"
+        self._json_of = (messages, json)
+        return json
+
+
+def _after(last: tuple[Message, ...], messages: tuple[Message, ...]) -> tuple[Message, ...] | None:
+    """The messages after ``last`` when ``messages`` starts with it, else None. Tuple
+    comparison checks identity first: the same objects compare in C, without ``__eq__``;
+    equal messages (which derive the same) pass too."""
+    if not last or messages[: len(last)] != last:
+        return None
+    return messages[len(last) :]
 
 
 @dataclass(slots=True)
@@ -177,7 +216,7 @@ class DecodeCache:
         self._sessions.put(
             key,
             _Previous(head, raw, ends, messages, stored, running, issued, memo),
-            (head.tokens + total) * BYTES_PER_TOKEN,
+            (head.tokens + total) * BYTES_PER_TOKEN * TEXT_COPIES,
         )
         transcript = envelope.with_messages((*head.transcript.messages, *messages))
         return Decoded(transcript, head.stored + stored, head.tokens + total, memo)

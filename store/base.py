@@ -53,6 +53,8 @@ from store import codec
 DEFAULT_TTL_S = 7 * 24 * 3600.0
 DEFAULT_MAX_SESSION_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 2.0
+# What the digest cache may remember of sessions' last requests (``DigestCache``).
+DEFAULT_DIGEST_CACHE_BYTES = 64 * 1024 * 1024
 MAX_ID_LEN = 512
 # How long a counting token is remembered: a retry arrives within seconds, never an hour.
 COUNT_TOKEN_TTL_S = 3600.0
@@ -320,19 +322,41 @@ class _Seen:
     messages: list[Message]
     packed: list[codec.PackedMessage]
     chains: list[bytes]
+    sizes: list[int]  # running total of what messages[:i + 1] hold, in bytes
     stored: int | None  # leading messages known stored (``DigestCache.stored``)
 
 
+# Python's own cost of one remembered message beyond its text and packed bytes (the
+# private dict copy, the PackedMessage, the chained digest): counted so that histories of
+# many short messages are bounded too.
+_ENTRY_OVERHEAD = 512
+
+
+def _held_bytes(packed: codec.PackedMessage) -> int:
+    """What remembering one message keeps alive: its packed body, the text of its blobs
+    (shared with the private copy of the message) and the per-message overhead."""
+    return len(packed.body) + sum(len(text) for text in packed.blobs.values()) + _ENTRY_OVERHEAD
+
+
 class DigestCache:
-    """Per-process memory of each session's last ingested request.
+    """Per-process memory of each session's last ingested request, bounded by bytes.
 
     Harnesses re-send the whole history every step; comparing dicts for equality is far
     cheaper than re-encoding and re-hashing them, so only the new suffix is packed. The
     cache never decides correctness: the backend still checks the chained digests.
+
+    The least recently used sessions are dropped once the remembered messages hold more
+    than ``max_bytes`` (a bound by session count let a few long sessions take gigabytes);
+    ``bytes`` is what it holds now, and ``evicted`` (if set) is called once per dropped
+    session, for a metric.
     """
 
-    def __init__(self, max_sessions: int = 128) -> None:
-        self._max = max_sessions
+    def __init__(self, max_bytes: int = DEFAULT_DIGEST_CACHE_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"digest cache bound must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.evicted: Callable[[], None] | None = None
         self._seen: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
 
     def prepare(self, tenant: str, session: str, messages: Sequence[Message]) -> Prepared:
@@ -341,29 +365,49 @@ class DigestCache:
         if not messages:
             raise ValueError("cannot ingest an empty history: a request has at least one message")
         key = (tenant, session)
-        seen = self._seen.get(key)
+        seen = self._seen.pop(key, None)
         same = 0
         if seen is not None:
+            self.bytes -= seen.sizes[-1]
             for new, old in zip(messages, seen.messages, strict=False):
                 if new != old:
                     break
                 same += 1
-        packed = seen.packed[:same] if seen else []
-        chains = seen.chains[:same] if seen else []
-        prev = chains[-1] if chains else b""
-        for message in messages[same:]:
-            p = codec.pack_message(message)
-            prev = codec.chain(prev, p.digest)
-            packed.append(p)
-            chains.append(prev)
-        # keep private copies: a caller editing its dicts in place must not edit our memory
-        kept = (seen.messages[:same] if seen else []) + [copy.deepcopy(m) for m in messages[same:]]
-        known = None if seen is None or seen.stored is None else min(same, seen.stored)
-        self._seen[key] = _Seen(kept, packed, chains, known)
-        self._seen.move_to_end(key)
-        while len(self._seen) > self._max:
-            self._seen.popitem(last=False)
-        return Prepared(packed, chains, known)
+        if seen is not None and same == len(seen.messages) == len(messages):
+            kept = seen  # a re-send of what was prepared last (ingest after lookup)
+        else:
+            packed = seen.packed[:same] if seen else []
+            chains = seen.chains[:same] if seen else []
+            sizes = seen.sizes[:same] if seen else []
+            prev = chains[-1] if chains else b""
+            held = sizes[-1] if sizes else 0
+            for message in messages[same:]:
+                p = codec.pack_message(message)
+                prev = codec.chain(prev, p.digest)
+                held += _held_bytes(p)
+                packed.append(p)
+                chains.append(prev)
+                sizes.append(held)
+            # keep private copies: a caller editing its dicts in place must not edit our
+            # memory (strings are immutable: the copies share them)
+            copies = [copy.deepcopy(m) for m in messages[same:]]
+            known = None if seen is None or seen.stored is None else min(same, seen.stored)
+            kept = _Seen(
+                (seen.messages[:same] if seen else []) + copies, packed, chains, sizes, known
+            )
+        self._remember(key, kept)
+        return Prepared(kept.packed, kept.chains, kept.stored)
+
+    def _remember(self, key: tuple[str, str], seen: _Seen) -> None:
+        size = seen.sizes[-1]
+        if size <= self.max_bytes:
+            self._seen[key] = seen
+            self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, dropped = self._seen.popitem(last=False)
+            self.bytes -= dropped.sizes[-1]
+            if self.evicted is not None:
+                self.evicted()
 
     def stored(self, tenant: str, session: str, prepared: Prepared, count: int) -> None:
         """The first ``count`` messages of ``prepared`` are stored. Remembered when they are
@@ -378,7 +422,9 @@ class DigestCache:
             seen.stored = count
 
     def forget(self, tenant: str, session: str) -> None:
-        self._seen.pop((tenant, session), None)
+        seen = self._seen.pop((tenant, session), None)
+        if seen is not None:
+            self.bytes -= seen.sizes[-1]
 
 
 class SessionStore(ABC):
@@ -390,7 +436,7 @@ class SessionStore(ABC):
         *,
         ttl_s: float = DEFAULT_TTL_S,
         max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES,
-        digest_cache_sessions: int = 128,
+        digest_cache_bytes: int = DEFAULT_DIGEST_CACHE_BYTES,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
@@ -398,7 +444,12 @@ class SessionStore(ABC):
             raise ValueError(f"max_session_bytes must be positive, got {max_session_bytes}")
         self.ttl_s = ttl_s
         self.max_session_bytes = max_session_bytes
-        self._digests = DigestCache(digest_cache_sessions)
+        self._digests = DigestCache(digest_cache_bytes)
+
+    @property
+    def digest_cache(self) -> DigestCache:
+        """The per-process memory of each session's last request (its bound, its size)."""
+        return self._digests
 
     @abstractmethod
     async def ingest(

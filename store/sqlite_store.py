@@ -1,15 +1,30 @@
 """SQLite backend: the embedded default for one host.
 
-Same contract and model as the Redis backend (see ``store.base``). One connection, used
-from one worker thread so the event loop never blocks; WAL mode, and every write is one
-``BEGIN IMMEDIATE`` transaction, so other processes on the host see all of it or none.
-Expired sessions (unused for longer than the TTL) read as absent and are purged lazily.
+Same contract and model as the Redis backend (see ``store.base``). WAL mode, and every
+write is one ``BEGIN IMMEDIATE`` transaction, so other processes on the host see all of it
+or none. Expired sessions (unused for longer than the TTL) read as absent and are purged
+lazily.
+
+Where a call runs: the request path's calls (a lookup, an ingest of a request's new
+messages, counter increments, quota charges: tens to a few hundred microseconds of SQLite)
+run on the event loop's own thread, on a connection that never waits for a lock (busy
+timeout 0). Handing each to a worker thread cost more than the call (a thread handoff is
+~40 us of CPU each way, and the worker's Python competes with the loop for the GIL). A call
+that finds the database locked by another process, or that comes while the worker thread
+has calls queued (their order is kept), goes to the worker thread, whose connection waits
+up to ``timeout_s`` for the lock; so do the calls whose work grows with a session
+(``load``, logs, listings and deletions, which purge), and the router's own assignment
+reads and compare-and-sets (the request path reads the assignment with the lookup and
+writes it with the ingest), whose races between gateways are resolved by waiting on one
+another. Checkpoints, which write the WAL
+back and fsync, run on the worker thread too: the loop's connection never checkpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +66,10 @@ from store.base import (
 )
 
 T = TypeVar("T")
+
+# Writes on the event loop's connection between two checkpoints on the worker's (SQLite's
+# own automatic checkpoint comes every 1,000 pages; a request writes a few).
+_CHECKPOINT_EVERY = 128
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -108,34 +127,76 @@ class SQLiteStore(SessionStore):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foldgate-sqlite")
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = None  # the worker thread's
+        self._loop_conn: sqlite3.Connection | None = None  # the event loop thread's
+        self._loop_thread: int | None = None
+        self._queued = 0  # calls handed to the worker thread and not finished
+        self._loop_writes = 0
 
     # -- plumbing ----------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        return conn
+
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            self._conn = conn
+            self._conn = self._open()
         return self._conn
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
-        def job() -> T:
-            conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                out = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return out
+    def _on_loop(self) -> sqlite3.Connection | None:
+        """The event loop thread's connection, when a call may run on it now: the worker
+        has nothing queued (calls keep their order) and this is the thread it belongs to."""
+        if self._queued:
+            return None
+        if self._loop_conn is None:
+            conn = self._open()
+            conn.execute("PRAGMA busy_timeout=0")  # a locked database: to the worker
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the worker checkpoints
+            self._loop_conn, self._loop_thread = conn, threading.get_ident()
+        return self._loop_conn if self._loop_thread == threading.get_ident() else None
 
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False, quick: bool = False
+    ) -> T:
+        """``fn`` in one transaction. ``quick``: bounded work, which may run on the event
+        loop's thread (see the module doc); else on the worker thread."""
+        conn = self._on_loop() if quick else None
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+            if conn is not None:
+                try:
+                    out = _transaction(conn, fn, write)
+                except sqlite3.OperationalError as e:
+                    if getattr(e, "sqlite_errorcode", None) not in _LOCKED:
+                        raise
+                else:
+                    if write:
+                        self._wrote_on_loop()
+                    return out
+            return await self._to_worker(lambda: _transaction(self._connect(), fn, write))
         except sqlite3.OperationalError as e:
             raise StoreUnavailable(f"sqlite store {self.path} is unavailable: {e}") from e
+
+    async def _to_worker(self, job: Callable[[], T]) -> T:
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+        finally:
+            self._queued -= 1
+
+    def _wrote_on_loop(self) -> None:
+        self._loop_writes += 1
+        if self._loop_writes % _CHECKPOINT_EVERY == 0:
+            task = asyncio.ensure_future(self._to_worker(self._checkpoint))
+            # A failed checkpoint is retried by the next one; SQLite's WAL stays valid.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _checkpoint(self) -> None:
+        self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _sid(self, conn: sqlite3.Connection, tenant: str, session: str, create: bool) -> int | None:
         """The session's row id, purging it first when it has expired; touches it."""
@@ -185,7 +246,7 @@ class SQLiteStore(SessionStore):
                 return result
             return replace(result, assignment=_set_assignment(conn, tenant, session, assign))
 
-        return await self._run(write, write=True)
+        return await self._run(write, write=True, quick=True)
 
     async def lookup(
         self,
@@ -245,7 +306,7 @@ class SQLiteStore(SessionStore):
                 assignment,
             )
 
-        return await self._run(read)
+        return await self._run(read, quick=True)
 
     def _ingest(
         self, conn: sqlite3.Connection, tenant: str, session: str, prep: Prepared, cap: int
@@ -366,7 +427,7 @@ class SQLiteStore(SessionStore):
             )
             conn.execute("UPDATE sessions SET bytes=? WHERE id=?", (stored + adding, sid))
 
-        await self._run(write, write=True)
+        await self._run(write, write=True, quick=True)
 
     # -- counters ----------------------------------------------------------------------
     async def add_counts(
@@ -425,7 +486,7 @@ class SQLiteStore(SessionStore):
                     (sid, branch, record, sid, branch),
                 )
 
-        await self._run(add, write=True)
+        await self._run(add, write=True, quick=True)
 
     async def get_log(self, tenant: str, session: str, branch: int) -> list[bytes]:
         check_id("tenant", tenant)
@@ -456,7 +517,7 @@ class SQLiteStore(SessionStore):
             )
             return {str(name): int(value) for name, value in rows}
 
-        return await self._run(read, write=True)
+        return await self._run(read, write=True, quick=True)
 
     async def get_tenant_counts(self, tenant: str) -> dict[str, int]:
         check_id("tenant", tenant)
@@ -508,7 +569,7 @@ class SQLiteStore(SessionStore):
             conn.executemany("INSERT OR REPLACE INTO quota_counters VALUES (?, ?, ?, ?)", writes)
             return None
 
-        return await self._run(take, write=True)
+        return await self._run(take, write=True, quick=True)
 
     # -- router assignment -------------------------------------------------------------
     async def get_assignment(self, tenant: str, session: str) -> str | None:
@@ -538,7 +599,7 @@ class SQLiteStore(SessionStore):
                 (tenant, reply_id, data, now + self.ttl_s),
             )
 
-        await self._run(put, write=True)
+        await self._run(put, write=True, quick=True)
 
     async def get_reply(self, tenant: str, reply_id: str) -> bytes | None:
         check_id("tenant", tenant)
@@ -551,7 +612,7 @@ class SQLiteStore(SessionStore):
             ).fetchone()
             return None if row is None else bytes(row[0])
 
-        return await self._run(read)
+        return await self._run(read, quick=True)
 
     # -- sessions ----------------------------------------------------------------------
     async def list_sessions(self, tenant: str) -> list[str]:
@@ -603,6 +664,29 @@ class SQLiteStore(SessionStore):
 
         await asyncio.get_running_loop().run_in_executor(self._pool, shut)
         self._pool.shutdown(wait=True)
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
+
+
+# SQLITE_BUSY and SQLITE_LOCKED (with extended codes): another connection holds the lock.
+_LOCKED = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED} | {
+    getattr(sqlite3, name)
+    for name in dir(sqlite3)
+    if name.startswith(("SQLITE_BUSY_", "SQLITE_LOCKED_"))
+}
+
+
+def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        out = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return out
 
 
 def _purge(conn: sqlite3.Connection, sid: int) -> None:

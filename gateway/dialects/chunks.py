@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.dialects.errors import DialectError
 
 _THINKING_FIELDS = ("reasoning_content", "reasoning")
@@ -142,6 +144,17 @@ class ChunkAccumulator:
 
 def format_sse(event: str | None, data: Mapping[str, Any] | str) -> bytes:
     """One server-sent-events frame; ``event`` None for OpenAI-style data-only frames."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    head = f"event: {event}\n".encode() if event else b""
+    if isinstance(data, str):
+        return b"%sdata: %s\n\n" % (head, data.encode())
+    return b"%sdata: %s\n\n" % (head, _json(data))
+
+
+def _json(data: Mapping[str, Any]) -> bytes:
+    """Compact JSON (UTF-8, not \\u-escaped: the same document). orjson takes a tenth of the
+    json module's time per frame; what it refuses (integers past 64 bits, keys that are
+    not strings) the json module writes."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, separators=(",", ":")).encode()

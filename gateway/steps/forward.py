@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
@@ -60,7 +62,10 @@ class Forward:
     def body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
         """The rendered context as a streaming chat request for a vLLM replica."""
         # ReFold adds its restore tool to the rendered transcript itself, once it pays.
-        body = encode_request(rendered, prepared.memo.encode)
+        body = encode_request(rendered.with_messages(()))
+        # The messages as JSON already (orjson writes a Fragment as is): the memo encodes
+        # only what the session's last request did not send.
+        body["messages"] = orjson.Fragment(prepared.memo.messages_json(rendered.messages))
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if self.upstream_model:

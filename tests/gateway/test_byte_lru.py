@@ -68,7 +68,10 @@ async def test_renderer_caches_are_bounded_by_the_memory_they_keep(tmp_path: Pat
             prepared = await pipeline.prepare(
                 await pipeline.decode(OPENAI, body, headers), body, headers
             )
-            pipeline.render(prepared)
+            rendered, _ = pipeline.render(prepared)
+            # The upstream body, as the request path builds it (the decode cache's memo keeps
+            # its messages' JSON).
+            pipeline.forward.body(prepared, rendered)
             await commit(store, prepared, None)  # as once an upstream accepted it
             pipeline.render.keep(prepared)
         assert evictions("render") == before + 1
@@ -119,7 +122,10 @@ async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, i
             prepared = await pipeline.prepare(
                 await pipeline.decode(OPENAI, body, headers), body, headers
             )
-            pipeline.render(prepared)
+            rendered, _ = pipeline.render(prepared)
+            # The upstream body, as the request path builds it (the decode cache's memo keeps
+            # its messages' JSON).
+            pipeline.forward.body(prepared, rendered)
             await commit(store, prepared, None)
             pipeline.render.keep(prepared)
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from gateway.fold.renderer import estimate_tokens
 from gateway.pipeline import Pipeline
 from gateway.request_cache import (
     BYTES_PER_TOKEN,
+    TEXT_COPIES,
     DecodeCache,
     Decoded,
     MessageMemo,
@@ -215,7 +217,7 @@ def test_sessions_are_kept_apart_and_the_cache_is_bounded_by_bytes() -> None:
     evictions = metrics.CACHE_EVICTIONS.labels(cache="decode")
     before = evictions._value.get()
     # room for one session's text, not two
-    cache = DecodeCache(max_bytes=one.tokens * BYTES_PER_TOKEN * 3 // 2)
+    cache = DecodeCache(max_bytes=one.tokens * BYTES_PER_TOKEN * TEXT_COPIES * 3 // 2)
     a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
     b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
     assert b.messages[0] is not a.messages[0]
@@ -260,6 +262,27 @@ def test_memo_forgets_messages_a_request_did_not_use() -> None:
     assert memo.encode(kept) is not first[0]
 
 
+def test_memo_sums_and_encodes_renderings_that_grow_change_and_shrink_exactly() -> None:
+    memo = MessageMemo()
+    history = [text_message("user", "task"), text_message("assistant", "ünïcode \u2028 ok")]
+    for step in range(4):
+        history.append(Message("assistant", (ToolCall(f"c{step}", "bash", '{"cmd": "ls"}'),)))
+        history.append(Message("tool", (Text(f"out {step}"),), tool_call_id=f"c{step}"))
+    renderings = [
+        history[:2],
+        history[:4],  # grows: only the new messages are encoded
+        [*history[:4]],  # the same messages in a new list
+        history[:6],
+        [history[0], text_message("assistant", "rewritten"), *history[2:6]],  # changed
+        [text_message("user", "task"), *history[1:3]],  # equal objects, shorter
+        [],
+        history,
+    ]
+    for messages in renderings:
+        assert memo.tokens(messages) == sum(estimate_tokens(m) for m in messages)
+        assert memo.messages_json(messages) == orjson.dumps(openai_chat.encode_messages(messages))
+
+
 def grown_bodies(steps: int) -> list[dict[str, Any]]:
     """A harness's requests: each re-sends the history so far with one more step."""
     history = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
@@ -289,8 +312,9 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
             got_rendered, got_tokens = cached.render(got)
             want_rendered, want_tokens = fresh.render(want)
             assert got_tokens == want_tokens
-            assert cached.forward.body(got, got_rendered) == fresh.forward.body(
-                want, want_rendered
+            # The bytes the upstream gets (the messages are an orjson.Fragment).
+            assert orjson.dumps(cached.forward.body(got, got_rendered)) == orjson.dumps(
+                fresh.forward.body(want, want_rendered)
             )
     finally:
         await cached.store.close()
