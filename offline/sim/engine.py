@@ -106,7 +106,9 @@ class SimReplica:
     @classmethod
     def create(cls, index: int, cost: CostModel, seed: int = 0) -> SimReplica:
         rng = random.Random(seed * 1_000_003 + 7_919 * (index + 1))
-        return cls(index, cost, BlockPool(cost.kv_pool_blocks), rng=rng)
+        # vLLM's BlockPool takes one block out as the null block (padding for skipped
+        # positions): requests and the prefix cache share the others.
+        return cls(index, cost, BlockPool(cost.kv_pool_blocks - 1), rng=rng)
 
     def _step_factor(self) -> float:
         """The speed factor for the step being planned: redrawn when the batch changed."""
