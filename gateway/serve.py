@@ -131,9 +131,12 @@ def serve(
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.gc_tuning import tune_for_serving
     from gateway.http_server import uvicorn_config
 
-    uvicorn.Server(uvicorn_config(create_app(config), config, host, port)).run()
+    app = create_app(config)
+    tune_for_serving()
+    uvicorn.Server(uvicorn_config(app, config, host, port)).run()
 
 
 def redact_url(url: str) -> str:

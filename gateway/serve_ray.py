@@ -19,6 +19,7 @@ from ray.serve import Application
 from deploy.cpu.replicas import free_ports
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.gc_tuning import tune_for_serving
 
 DEFAULT_MAX_ONGOING = 1000
 BUILDER_ARGS = {"config", "num_replicas", "max_ongoing_requests"}
@@ -50,7 +51,9 @@ def build_app(args: dict[str, Any]) -> Application:
     # A builder, not an app object: each Serve replica creates its own app, so the store
     # connection and the replica pool are opened by the app's lifespan inside that replica.
     def build_asgi_app() -> FastAPI:
-        return create_app(config)
+        app = create_app(config)
+        tune_for_serving()
+        return app
 
     # The ingress replicas are I/O-bound proxies: no CPU reservation, so they schedule on
     # small nodes next to the vLLM replicas, and a high concurrency limit (Serve's is 5).

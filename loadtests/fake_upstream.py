@@ -35,7 +35,8 @@ class ScriptedReply:
 
 
 class FakeUpstream:
-    """Replies from ``script`` in order, then ``default`` forever; records every request.
+    """Replies from ``script`` in order, then ``default`` forever; records every request
+    (``record=False``: none, for a long benchmark run).
 
     ``max_model_len``: a context window, reported by ``/v1/models`` as vLLM does; a prompt
     longer than it (counted as the usage below counts it) is refused with vLLM's 400, and
@@ -47,10 +48,12 @@ class FakeUpstream:
         script: Iterable[ScriptedReply] = (),
         default: ScriptedReply | None = None,
         max_model_len: int | None = None,
+        record: bool = True,
     ):
         self.script: deque[ScriptedReply] = deque(script)
         self.default = default or ScriptedReply()
         self.max_model_len = max_model_len
+        self.record = record
         self.requests: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
         # Requests whose connection the gateway closed before the reply ended (cancelled).
@@ -100,7 +103,8 @@ class FakeUpstream:
         body = await request.json()
         prompt_tokens = self.prompt_tokens(body)
         if self.max_model_len is not None and prompt_tokens > self.max_model_len:
-            self.refused.append(body)
+            if self.record:
+                self.refused.append(body)
             message = (
                 f"This model's maximum context length is {self.max_model_len} tokens. However,"
                 f" your prompt contains {prompt_tokens} input tokens, which exceeds this limit"
@@ -109,7 +113,8 @@ class FakeUpstream:
             return web.json_response(
                 {"error": {"message": message, "type": "BadRequestError"}}, status=400
             )
-        self.requests.append(body)
+        if self.record:
+            self.requests.append(body)
         reply = self.script.popleft() if self.script else self.default
         if reply.status != 200:
             return web.json_response(
@@ -128,7 +133,8 @@ class FakeUpstream:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:
-            self.aborted.append(body)
+            if self.record:
+                self.aborted.append(body)
         return resp
 
     @staticmethod
@@ -198,8 +204,11 @@ class FakeUpstream:
 
 
 async def serve_forever(port: int) -> None:
-    """``python -m loadtests.fake_upstream PORT``: an instant fake upstream for benchmarks."""
-    await FakeUpstream().start(port)
+    """``python -m loadtests.fake_upstream PORT``: an instant fake upstream for benchmarks.
+
+    It records nothing: kept bodies grew its heap by every history of the run, and its
+    collector's pauses (up to 160 ms) landed in the benchmarks' added-latency samples."""
+    await FakeUpstream(record=False).start(port)
     await asyncio.Event().wait()
 
 
