@@ -16,6 +16,17 @@ Throughput: ``--sessions`` concurrent sessions each run all steps through the ga
 req/s per core divides the requests by the CPU seconds (user+system, from /proc) that the
 gateway's process tree spent (for Ray: driver, GCS, raylet, controller, replica, HAProxy).
 
+Before and after (``--baseline DIR``, uvicorn): DIR is another source tree (``git worktree
+add /tmp/before COMMIT``); its gateway runs beside this tree's against the same fake upstream
+and store kind, and each step goes direct, through this gateway and through the baseline's
+in rotating order. Runs one after the other disagree by more than most changes (this
+machine's speed drifts by 2x within an hour); within one loop the drift hits all three
+alike.
+
+``--relay`` adds ``bench/relay.py`` to the same loop: a plain relay (parse, re-send,
+stream back) with none of the gateway's logic, the floor any Python gateway on this stack
+stands on.
+
 Stages (``--stages``): where the gateway's CPU time goes per request, in this process, at the
 small and full history sizes: the pipeline's own steps called one by one on an SQLite store
 (median of ``--bucket`` steps, milliseconds). HTTP framing, the event loop and garbage
@@ -23,6 +34,7 @@ collection are not in it; the latency columns include them.
 
     .venv/bin/python bench/overhead.py [--modes uvicorn,ray] [--strategies refold,base]
         [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--stages] [--json]
+        [--baseline DIR] [--relay]
 """
 
 from __future__ import annotations
@@ -38,8 +50,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
@@ -67,6 +79,7 @@ FOLDGATE = Path(sys.executable).parent / "foldgate"
 # Issue 10's aims for the added latency at a ~32k-token history (p50, "full" column).
 AIM_MS = {"uvicorn": 1.0, "ray": 1.5}
 START_TIMEOUT_S = 120.0
+THIS_TREE, BASELINE, RELAY = "this tree", "baseline", "plain relay"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 Msg = dict[str, Any]
@@ -266,40 +279,54 @@ def p99(samples: list[float]) -> float:
 
 
 async def added_latency(
-    gateway: str, upstream: str, bodies: list[bytes], strategy: str, repeats: int, bucket: int
-) -> dict[str, Any]:
-    small: list[float] = []
-    full: list[float] = []
+    gateways: Mapping[str, str],
+    upstream: str,
+    bodies: list[bytes],
+    strategy: str,
+    repeats: int,
+    bucket: int,
+) -> dict[str, dict[str, Any]]:
+    """Added latency of each gateway (name -> base URL), per step against the same direct
+    call; the order of the calls rotates from step to step so that warm-up and the
+    machine's drift favour none of them."""
+    small: dict[str, list[float]] = {name: [] for name in gateways}
+    full: dict[str, list[float]] = {name: [] for name in gateways}
     direct_full: list[float] = []
     json_type = {"content-type": "application/json"}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         for _ in range(repeats):
-            headers = {
-                **json_type,
-                "x-session-id": f"lat-{uuid.uuid4()}",
-                "x-foldgate-strategy": strategy,
-            }
+            calls = [("direct", f"{upstream}/v1/chat/completions", json_type)]
+            for name, url in gateways.items():
+                headers = {
+                    **json_type,
+                    "x-session-id": f"lat-{uuid.uuid4()}",
+                    "x-foldgate-strategy": strategy,
+                }
+                calls.append((name, f"{url}/v1/chat/completions", headers))
             for t, body in enumerate(bodies):
-                # Alternate which goes first so a warm-up effect favours neither.
-                if t % 2:
-                    via = await post(http, f"{gateway}/v1/chat/completions", body, headers)
-                    direct = await post(http, f"{upstream}/v1/chat/completions", body, json_type)
-                else:
-                    direct = await post(http, f"{upstream}/v1/chat/completions", body, json_type)
-                    via = await post(http, f"{gateway}/v1/chat/completions", body, headers)
-                if t < bucket:
-                    small.append(via - direct)
+                turn = t % len(calls)
+                took = {
+                    name: await post(http, url, body, headers)
+                    for name, url, headers in calls[turn:] + calls[:turn]
+                }
+                for name in gateways:
+                    if t < bucket:
+                        small[name].append(took[name] - took["direct"])
+                    if t >= len(bodies) - bucket:
+                        full[name].append(took[name] - took["direct"])
                 if t >= len(bodies) - bucket:
-                    full.append(via - direct)
-                    direct_full.append(direct)
+                    direct_full.append(took["direct"])
     ms = 1000.0
     return {
-        "added_ms_small_p50": median(small) * ms,
-        "added_ms_small_p99": p99(small) * ms,
-        "added_ms_full_p50": median(full) * ms,
-        "added_ms_full_p99": p99(full) * ms,
-        "direct_ms_full_p50": median(direct_full) * ms,
-        "samples_per_bucket": len(small),
+        name: {
+            "added_ms_small_p50": median(small[name]) * ms,
+            "added_ms_small_p99": p99(small[name]) * ms,
+            "added_ms_full_p50": median(full[name]) * ms,
+            "added_ms_full_p99": p99(full[name]) * ms,
+            "direct_ms_full_p50": median(direct_full) * ms,
+            "samples_per_bucket": len(small[name]),
+        }
+        for name in gateways
     }
 
 
@@ -336,33 +363,54 @@ async def throughput(
 async def run_mode(
     mode: str, strategies: Sequence[str], bodies: list[bytes], args: argparse.Namespace, tmp: Path
 ) -> list[dict[str, Any]]:
-    fake_port, gateway_port = free_ports(2)
+    fake_port, gateway_port, baseline_port, relay_port = free_ports(4)
     upstream = f"http://127.0.0.1:{fake_port}"
-    gateway = f"http://127.0.0.1:{gateway_port}"
-    store_url = args.store_url or f"sqlite:///{tmp}/{mode}-store.db"
-    fake_log, gateway_log = tmp / "fake.log", tmp / f"{mode}.log"
+    trees = {THIS_TREE: (f"http://127.0.0.1:{gateway_port}", None)}
+    if args.baseline:
+        trees[BASELINE] = (f"http://127.0.0.1:{baseline_port}", args.baseline)
+    fake_log = tmp / "fake.log"
     rows = []
     fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
-    with (
-        process(fake_argv, fake_log) as fake,
-        process(
-            gateway_argv(mode, gateway_port, upstream, store_url),
-            gateway_log,
-            gateway_env(mode, tmp),
-        ) as gateway_proc,
-    ):
+    with ExitStack() as running:
+        fake = running.enter_context(process(fake_argv, fake_log))
+        procs = {}
+        for name, (url, source) in trees.items():
+            store_url = args.store_url or f"sqlite:///{tmp}/{mode}-{name}-store.db"
+            port = int(url.rsplit(":", 1)[1])
+            env = gateway_env(mode, tmp)
+            if source is not None:
+                # The baseline's own code: its tree first on the path, before this editable
+                # install.
+                env["PYTHONPATH"] = str(source)
+            log = tmp / f"{mode}-{name}.log"
+            argv = gateway_argv(mode, port, upstream, store_url)
+            procs[name] = (running.enter_context(process(argv, log, env)), log)
+        if args.relay:
+            trees[RELAY] = (f"http://127.0.0.1:{relay_port}", None)
+            argv = [sys.executable, str(ROOT / "bench" / "relay.py"), "--port", str(relay_port)]
+            log = tmp / f"{mode}-relay.log"
+            relay = process([*argv, "--upstream", upstream], log)
+            procs[RELAY] = (running.enter_context(relay), log)
         await wait_ready(f"{upstream}/health", fake, fake_log)
-        await wait_ready(f"{gateway}/health", gateway_proc, gateway_log)
+        for name, (proc, log) in procs.items():
+            await wait_ready(f"{trees[name][0]}/health", proc, log)
+        gateways = {name: url for name, (url, _) in trees.items()}
         # Warm-up: first-request costs (imports, connection setup, model discovery).
-        await added_latency(gateway, upstream, bodies[:4], strategies[0], 1, 2)
+        await added_latency(gateways, upstream, bodies[:4], strategies[0], 1, 2)
         for strategy in strategies:
-            row = {"mode": mode, "strategy": strategy}
-            row |= await added_latency(
-                gateway, upstream, bodies, strategy, args.repeats, args.bucket
+            latency = await added_latency(
+                gateways, upstream, bodies, strategy, args.repeats, args.bucket
             )
-            if args.sessions:
-                row |= await throughput(gateway, gateway_proc.pid, bodies, strategy, args.sessions)
-            rows.append(row)
+            for name, url in gateways.items():
+                if name == RELAY and strategy != strategies[0]:
+                    continue  # the relay has no strategies: one row
+                row = {"mode": mode, "tree": name, "strategy": strategy, **latency[name]}
+                if name == RELAY:
+                    row["strategy"] = "-"
+                if args.sessions:
+                    pid = procs[name][0].pid
+                    row |= await throughput(url, pid, bodies, strategy, args.sessions)
+                rows.append(row)
     return rows
 
 
@@ -442,8 +490,10 @@ def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             f"(~{meta['full_kb'] * 256:.0f} tokens at the end), {meta['cores']} cores"
         )
     )
+    trees = len({r["tree"] for r in rows}) > 1
     for name in (
         "mode",
+        *(["gateway"] if trees else []),
         "strategy",
         "added ms small p50/p99",
         "added ms full p50/p99",
@@ -452,10 +502,12 @@ def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         f"req/s {meta['sessions']} sess.",
         "req/CPU-s",
     ):
-        table.add_column(name, justify="left" if name in {"mode", "strategy"} else "right")
+        left = name in {"mode", "gateway", "strategy"}
+        table.add_column(name, justify="left" if left else "right")
     for r in rows:
         table.add_row(
             r["mode"],
+            *([r["tree"]] if trees else []),
             r["strategy"],
             f"{r['added_ms_small_p50']:.2f} / {r['added_ms_small_p99']:.2f}",
             f"{r['added_ms_full_p50']:.2f} / {r['added_ms_full_p99']:.2f}",
@@ -479,6 +531,18 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stages", action="store_true", help="also time each pipeline step")
     parser.add_argument("--store-url", help="gateway store (default: a fresh SQLite file)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree (git worktree add DIR COMMIT) whose gateway runs beside "
+        "this one, the calls interleaved (uvicorn only)",
+    )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="also time bench/relay.py, a plain relay with no gateway logic (the floor), "
+        "interleaved the same way (uvicorn only)",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = sorted(set(modes) - set(AIM_MS))
@@ -488,6 +552,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
         parser.error("need --steps >= 4 and 1 <= --bucket <= --steps")
     if args.repeats * args.bucket < 2:
         parser.error("need --repeats x --bucket >= 2 samples for a percentile")
+    if (args.baseline is not None or args.relay) and modes != ["uvicorn"]:
+        parser.error("--baseline and --relay run with --modes uvicorn only")
+    if args.baseline is not None:
+        if not (args.baseline / "gateway" / "cli.py").is_file():
+            parser.error(f"--baseline {args.baseline}: not a foldgate source tree")
+        args.baseline = args.baseline.resolve()
     strategies = [s for s in args.strategies.split(",") if s]
     messages = synthetic_session(args.steps, args.kb)
     bodies = request_bodies(messages, args.steps)
