@@ -106,6 +106,9 @@ CREATE TABLE IF NOT EXISTS assignments (
   PRIMARY KEY (tenant, session)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS replies (
   tenant TEXT, id TEXT, data BLOB, expires REAL, PRIMARY KEY (tenant, id));
+-- Render states, which databases of earlier versions kept per branch: nothing reads them
+-- now, and purging a session would leave its rows behind.
+DROP TABLE IF EXISTS states;
 """
 # messages and blobs are large rows: rowid tables keep them out of the key b-tree
 # (WITHOUT ROWID tables with rows near the page size waste most of each page)
