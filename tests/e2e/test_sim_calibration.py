@@ -135,7 +135,10 @@ def test_cost_fit_from_probes_predicts_them(vllm_replicas: list[str]) -> None:
     )
     assert len(phases) >= 5
     coefficients = fit_coefficients(phases)
-    assert all(c >= 0 for c in coefficients) and coefficients[0] > 0
+    # Non-negative, and not all zero. Which terms carry the time may shift: on a loaded
+    # machine (CI runs the other tests beside these) the fit once put the per-step cost at
+    # 0 and the rest into the per-token terms; what it must do is predict the probes.
+    assert all(c >= 0 for c in coefficients) and any(c > 0 for c in coefficients)
     errors = sorted(
         abs(sum(c * f for c, f in zip(coefficients, p.features, strict=True)) - p.seconds)
         / p.seconds

@@ -23,7 +23,7 @@ def test_serving_freezes_the_built_app_and_collects_the_young_less_often() -> No
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     default, tuned, wanted, frozen = map(int, out)
-    assert default == 700  # CPython's default, which ran several collections per request
-    assert tuned == wanted
+    # CPython's default (700 on 3.11, 2,000 on 3.13) ran several collections per request.
+    assert tuned == wanted > default
     # The imports and the app (some 65,000 objects) are out of full collections.
     assert frozen > 20_000
