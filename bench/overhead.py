@@ -309,12 +309,13 @@ async def added_latency(
                     name: await post(http, url, body, headers)
                     for name, url, headers in calls[turn:] + calls[:turn]
                 }
+                in_full = t >= len(bodies) - bucket
                 for name in gateways:
                     if t < bucket:
                         small[name].append(took[name] - took["direct"])
-                    if t >= len(bodies) - bucket:
+                    if in_full:
                         full[name].append(took[name] - took["direct"])
-                if t >= len(bodies) - bucket:
+                if in_full:
                     direct_full.append(took["direct"])
     ms = 1000.0
     return {
@@ -365,18 +366,17 @@ async def run_mode(
 ) -> list[dict[str, Any]]:
     fake_port, gateway_port, baseline_port, relay_port = free_ports(4)
     upstream = f"http://127.0.0.1:{fake_port}"
-    trees = {THIS_TREE: (f"http://127.0.0.1:{gateway_port}", None)}
+    trees: dict[str, tuple[int, Path | None]] = {THIS_TREE: (gateway_port, None)}
     if args.baseline:
-        trees[BASELINE] = (f"http://127.0.0.1:{baseline_port}", args.baseline)
+        trees[BASELINE] = (baseline_port, args.baseline)
     fake_log = tmp / "fake.log"
     rows = []
     fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
     with ExitStack() as running:
         fake = running.enter_context(process(fake_argv, fake_log))
-        procs = {}
-        for name, (url, source) in trees.items():
+        procs: dict[str, tuple[int, subprocess.Popen, Path]] = {}
+        for name, (port, source) in trees.items():
             store_url = args.store_url or f"sqlite:///{tmp}/{mode}-{name}-store.db"
-            port = int(url.rsplit(":", 1)[1])
             env = gateway_env(mode, tmp)
             if source is not None:
                 # The baseline's own code: its tree first on the path, before this editable
@@ -384,17 +384,16 @@ async def run_mode(
                 env["PYTHONPATH"] = str(source)
             log = tmp / f"{mode}-{name}.log"
             argv = gateway_argv(mode, port, upstream, store_url)
-            procs[name] = (running.enter_context(process(argv, log, env)), log)
+            procs[name] = (port, running.enter_context(process(argv, log, env)), log)
         if args.relay:
-            trees[RELAY] = (f"http://127.0.0.1:{relay_port}", None)
             argv = [sys.executable, str(ROOT / "bench" / "relay.py"), "--port", str(relay_port)]
             log = tmp / f"{mode}-relay.log"
             relay = process([*argv, "--upstream", upstream], log)
-            procs[RELAY] = (running.enter_context(relay), log)
+            procs[RELAY] = (relay_port, running.enter_context(relay), log)
         await wait_ready(f"{upstream}/health", fake, fake_log)
-        for name, (proc, log) in procs.items():
-            await wait_ready(f"{trees[name][0]}/health", proc, log)
-        gateways = {name: url for name, (url, _) in trees.items()}
+        gateways = {name: f"http://127.0.0.1:{port}" for name, (port, _, _) in procs.items()}
+        for name, (_, proc, log) in procs.items():
+            await wait_ready(f"{gateways[name]}/health", proc, log)
         # Warm-up: first-request costs (imports, connection setup, model discovery).
         await added_latency(gateways, upstream, bodies[:4], strategies[0], 1, 2)
         for strategy in strategies:
@@ -408,7 +407,7 @@ async def run_mode(
                 if name == RELAY:
                     row["strategy"] = "-"
                 if args.sessions:
-                    pid = procs[name][0].pid
+                    pid = procs[name][1].pid
                     row |= await throughput(url, pid, bodies, strategy, args.sessions)
                 rows.append(row)
     return rows

@@ -3,8 +3,9 @@ gateway on this stack pays for its extra hop, with none of foldgate's logic.
 
 It does what foldgate does to every request's bytes and nothing else: reads the body
 (uvicorn, httptools), parses it and encodes it again (orjson), posts it upstream as a
-stream (one shared aiohttp session), parses every SSE chunk and writes it back to the
-client. No store, no rendering, no routing, no checks.
+stream with foldgate's own upstream client (``gateway.upstream``: one aiohttp session, its
+SSE parsing and timeouts), and writes every chunk back to the client. No store, no
+rendering, no routing, no checks.
 
     .venv/bin/python bench/relay.py --port 8300 --upstream http://127.0.0.1:8100
 """
@@ -12,11 +13,17 @@ client. No store, no rendering, no routing, no checks.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import uvicorn
+
+# Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.upstream import UpstreamClient
 
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -26,14 +33,13 @@ class PlainRelay:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.http: aiohttp.ClientSession | None = None
+        self.client = UpstreamClient()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
-            if self.http is not None:
-                await self.http.close()
+            await self.client.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["method"] == "GET":
@@ -47,22 +53,11 @@ class PlainRelay:
             if not message.get("more_body"):
                 break
         body = orjson.loads(raw)
-        body["stream"] = True
-        if self.http is None:
-            self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        async with self.http.post(
-            f"{self.upstream}/v1/chat/completions",
-            data=orjson.dumps(body),
-            headers={"content-type": "application/json"},
-        ) as resp:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE})
-            async for line in resp.content:
-                data = line.strip()
-                if not data.startswith(b"data:") or data == b"data: [DONE]":
-                    continue
-                chunk = orjson.loads(data[5:])
-                frame = b"data: " + orjson.dumps(chunk) + b"\n\n"
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
+        stream = await self.client.open_chat_stream(self.upstream, body)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        async for chunk in stream:
+            frame = b"data: " + orjson.dumps(chunk) + b"\n\n"
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 

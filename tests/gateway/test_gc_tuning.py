@@ -1,5 +1,5 @@
 """The serving process's collector settings (``gateway.gc_tuning``), in a fresh interpreter:
-they are process-wide, and pytest's own process keeps its defaults."""
+they are process-wide, and pytest's own process has them already (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
