@@ -23,11 +23,12 @@ from typing import Any
 import orjson
 import xxhash
 
-from gateway.byte_lru import ByteLRU
+from gateway import metrics
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai_chat import encode_message
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
+from gateway.lru import LRU
 from gateway.transcript import Message, Transcript
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
@@ -169,7 +170,7 @@ class DecodeCache:
     """Incremental request decoding, per session (an LRU bounded by the text it holds)."""
 
     def __init__(self, max_bytes: int = DECODE_CACHE_BYTES) -> None:
-        self._sessions: ByteLRU[_Previous] = ByteLRU("decode", max_bytes)
+        self._sessions: LRU[_Previous] = LRU(max_bytes, **metrics.cache_callbacks("decode"))
 
     def decode(self, dialect: Dialect, body: Any, ids: Sequence[Any] = ()) -> Decoded:
         """``body`` decoded as ``dialect.decode`` with ``without_volatile`` on each message

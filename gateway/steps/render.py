@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway import metrics
-from gateway.byte_lru import ByteLRU
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.errors import DialectError
 from gateway.fold import make_renderer
 from gateway.fold.renderer import Renderer
+from gateway.lru import LRU
 from gateway.request_cache import BYTES_PER_TOKEN
 from gateway.steps.ingest import Prepared
 from gateway.transcript import Transcript
@@ -29,7 +29,7 @@ from gateway.transcript import Transcript
 # gateway's estimate, ``BYTES_PER_TOKEN`` per estimated token), by the strategy that keeps
 # it; a composition keeps each part's cache. Measured with tracemalloc over synthetic agent
 # sessions, each cache alone in the process (what its entries free when dropped), by
-# tests/gateway/test_byte_lru.py, which fails when they drift. ReFold keeps the rendered
+# tests/gateway/test_lru.py, which fails when they drift. ReFold keeps the rendered
 # prefix as new message objects with their derived fields (digests, token counts, stub
 # index): 6x the text of bench/memory.py's sessions, 7.3x of short source lines; charged
 # 7x. CliffCompaction keeps its last context's messages and its running token counts. The
@@ -65,7 +65,9 @@ class Render:
         self.guard = guard
         self.pressure = pressure
         self._renderers: dict[str, Renderer] = {}
-        self._sessions: ByteLRU[_SessionRender] = ByteLRU("render", config.render_cache_bytes)
+        self._sessions: LRU[_SessionRender] = LRU(
+            config.render_cache_bytes, **metrics.cache_callbacks("render")
+        )
 
     def renderer(
         self, strategy: str, fold: str | None = None, budget: int | None = None

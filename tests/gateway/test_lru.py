@@ -1,4 +1,4 @@
-"""The byte-bounded LRU behind the per-session caches, and the renderer caches' bound."""
+"""The LRU behind the per-session caches (``gateway.lru``), and the renderer caches' bound."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gateway import metrics
-from gateway.byte_lru import ByteLRU
 from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
+from gateway.lru import LRU
 from gateway.pipeline import Pipeline
 from gateway.steps.ingest import commit
 from gateway.steps.render import CACHE_ENTRY_BYTES
@@ -26,15 +26,15 @@ def evictions(cache: str) -> float:
 
 def test_least_recently_used_go_until_the_bytes_fit() -> None:
     before = evictions("test")
-    lru: ByteLRU[str] = ByteLRU("test", max_bytes=100)
+    lru: LRU[str] = LRU(100, **metrics.cache_callbacks("test"))
     lru.put("a", "A", 40)
     lru.put("b", "B", 40)
     assert lru.get("a") == "A"  # now the most recent
     lru.put("c", "C", 40)
     assert (lru.get("b"), lru.get("a"), lru.get("c")) == (None, "A", "C")
-    assert lru.bytes == 80 and evictions("test") == before + 1
+    assert lru.size == 80 and evictions("test") == before + 1
     lru.put("a", "A2", 90)  # replacing an entry counts its new size only
-    assert (lru.get("a"), lru.get("c"), lru.bytes) == ("A2", None, 90)
+    assert (lru.get("a"), lru.get("c"), lru.size) == ("A2", None, 90)
     lru.put("huge", "H", 101)  # larger than the bound: not kept, nothing else lost
     assert (lru.get("huge"), lru.get("a"), len(lru)) == (None, "A2", 1)
     assert metrics.CACHE_BYTES.labels(cache="test")._value.get() == 90
@@ -137,7 +137,7 @@ async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, i
                 await session(tag)
             gc.collect()
             held = tracemalloc.get_traced_memory()[0]
-            charged, entries = lru.bytes, len(lru)
+            charged, entries = lru.size, len(lru)
             lru._entries.clear()
             gc.collect()
             freed = held - tracemalloc.get_traced_memory()[0]
