@@ -75,7 +75,7 @@ async def test_renderer_caches_are_bounded_by_the_memory_they_keep(tmp_path: Pat
             await commit(store, prepared, None)  # as once an upstream accepted it
             pipeline.render.keep(prepared)
         assert evictions("render") == before + 1
-        assert 40_000 < pipeline.render._sessions.bytes <= 80_000
+        assert 40_000 < pipeline.render._sessions.size <= 80_000
     finally:
         await store.close()
 
