@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import codec, open_store
-from store.sqlite_store import SQLiteStore
+from store.sqlite import SQLiteStore
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=1500),
