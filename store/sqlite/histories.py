@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from store import codec
 from store.assignments import Assign
-from store.branches import BranchTable, ancestry, assemble, turns_before
+from store.branches import BranchTable, ancestry, assemble, select_branch, turns_before
 from store.digests import PackedHistory
 from store.errors import NotFound
 from store.histories import Histories, IngestResult, Lookup, StoredHistory
@@ -225,46 +225,15 @@ def select(
     branches: BranchTable,
     chains: Sequence[bytes],
 ) -> tuple[int, int, int]:
-    """Where a sent history (its chained digests) lands: (branch, stored, parent).
-
-    ``branch`` >= 0: the longest stored branch the history extends (ties: the head), or the
-    branch it repeats or is a prefix of; its first ``stored`` messages are stored already
-    (all of them: nothing to append). ``branch`` -1: a new branch forking from ``parent``
-    (-1 for none: a new session) after ``stored`` shared messages.
-    """
+    """``branches.select`` on the session's stored chained digests."""
 
     def chain_at(b: int, pos: int) -> bytes:
-        while pos < branches[b][1]:
-            b = branches[b][0]
         row = conn.execute(
             "SELECT chain FROM messages WHERE sid=? AND branch=? AND pos=?", (sid, b, pos)
         ).fetchone()
         return bytes(row[0])
 
-    n = len(chains)
-    # the longest branch whose history is a prefix of the request (ties: the head)
-    best, from_ = -1, 0
-    for b, (_, _, length) in branches.items():
-        better = length > from_ or (length == from_ and b == head)
-        if length <= n and better and chain_at(b, length - 1) == chains[length - 1]:
-            best, from_ = b, length
-    if best >= 0:
-        return best, from_, -1
-    # diverged: fork from the branch sharing the longest common prefix
-    parent = -1
-    for b, (_, _, length) in branches.items():
-        lo, hi = 0, min(length, n)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if chain_at(b, mid - 1) == chains[mid - 1]:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo > from_ or (lo == from_ and lo > 0 and b == head):
-            from_, parent = lo, b
-    if from_ == n:
-        return parent, n, -1  # a shorter re-send: stored already
-    return -1, from_, parent
+    return select_branch(branches, head, chains, chain_at)
 
 
 def gateway_turns(
