@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.overhead import request_bodies, synthetic_session
 from gateway.config import GatewayConfig
 from loadtests.fake_upstream import FakeUpstream
-from store.base import SessionStore
-from store.redis_store import RedisStore
-from store.sqlite_store import SQLiteStore
+from store import SessionStore
+from store.redis import RedisStore
+from store.sqlite import SQLiteStore
+from store.sqlite.database import SQLiteDatabase
 from tests.gateway.conftest import running_gateway
 from tests.store.redis_server import RedisServer
 
@@ -72,13 +73,15 @@ def patched(owner: type, name: str, wrap: Callable[[Any], Any]) -> Iterator[None
 
 
 def store_methods(backend: type[SessionStore]) -> list[tuple[type, str]]:
-    """The public async methods of the store contract, as (class, name) to wrap."""
-    names = [
-        n
-        for n, v in vars(SessionStore).items()
-        if not n.startswith("_") and callable(v) and n not in {"close"}
-    ]
-    return [(backend, n) for n in names if n in vars(backend)]
+    """The public async methods of the store contracts, as (defining class, name) to wrap:
+    not the backend's hooks they call (abstract on the contracts), nor ``close``."""
+    methods = []
+    for n in dir(SessionStore):
+        v = getattr(SessionStore, n)
+        if n.startswith("_") or not callable(v) or getattr(v, "__isabstractmethod__", False):
+            continue
+        methods.append((next(c for c in backend.__mro__ if n in vars(c)), n))
+    return methods
 
 
 @contextmanager
@@ -103,7 +106,7 @@ def counting(tally: Tally, backend: type[SessionStore]) -> Iterator[None]:
         for owner, name in store_methods(backend):
             stack.enter_context(patched(owner, name, lambda o, n=name: method(o, n)))
         if backend is SQLiteStore:
-            stack.enter_context(patched(SQLiteStore, "_run", trip))
+            stack.enter_context(patched(SQLiteDatabase, "run", trip))
         else:
             stack.enter_context(patched(aioredis.Redis, "execute_command", trip))
             stack.enter_context(patched(RedisPipeline, "execute", trip))

@@ -63,8 +63,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 "quotas and the replicas' prefix cache)",
                 config.default_tenant,
             )
-        store = open_store(config.store_url, digest_cache_bytes=config.digest_cache_bytes)
-        metrics.watch_cache("store_digests", store.digest_cache)
+        store = open_store(
+            config.store_url,
+            digest_cache_bytes=config.digest_cache_bytes,
+            digest_cache_callbacks=metrics.cache_callbacks("store_digests"),
+        )
         pool = _make_pool(config)
         await pool.start()
         upstream = UpstreamClient(

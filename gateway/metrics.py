@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -84,21 +83,9 @@ CACHE_BYTES = Gauge(
 )
 
 
-class WatchedCache(Protocol):
-    bytes: int
-    evicted: Callable[[], None] | None
-
-
 def cache_callbacks(name: str) -> dict[str, Callable[[int], None]]:
     """``gateway.lru.LRU``'s callbacks that export a cache's evictions and the bytes it
     holds as the series labelled ``name``."""
     evictions = CACHE_EVICTIONS.labels(cache=name)
     held = CACHE_BYTES.labels(cache=name)
     return {"on_evict": lambda _size: evictions.inc(), "on_size": held.set}
-
-
-def watch_cache(name: str, cache: WatchedCache) -> None:
-    """Export a cache kept outside ``gateway`` (the store's digest cache) like the
-    gateway's own: its bytes held and its evictions."""
-    cache.evicted = CACHE_EVICTIONS.labels(cache=name).inc
-    CACHE_BYTES.labels(cache=name).set_function(lambda: cache.bytes)

@@ -60,7 +60,7 @@ class Lease:
             try:
                 await self.store.charge(self.tenant, [Charge("concurrent", -1)])
             except StoreUnavailable as exc:
-                # The gauge expires on its own (store.base.GAUGE_TTL_S).
+                # The gauge expires on its own (store.ledger.GAUGE_TTL_S).
                 log.warning("slot of tenant %r not released: %s", self.tenant, exc)
 
 

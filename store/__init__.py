@@ -1,24 +1,22 @@
-"""Session store: append-only histories, forks, counters, quotas and the router's assignments."""
+"""Session store: append-only histories, forks, counters, quotas, the router's assignments
+and kept replies, behind one small contract per concern and a backend per URL scheme."""
 
-from store.base import (
-    Assign,
-    Charge,
-    IngestResult,
-    Lookup,
-    NotFound,
-    Refusal,
-    SessionStore,
-    SessionTooLarge,
-    StoredHistory,
-    StoreError,
-    StoreUnavailable,
-)
-from store.factory import default_sqlite_path, open_store
+from store.assignments import Assign, Assignments
+from store.errors import NotFound, SessionTooLarge, StoreError, StoreUnavailable
+from store.histories import Histories, IngestResult, Lookup, StoredHistory
+from store.ledger import Charge, Ledger, Refusal
+from store.registry import default_sqlite_path, open_store
+from store.replies import KeptReplies
+from store.session_store import SessionStore
 
 __all__ = [
     "Assign",
+    "Assignments",
     "Charge",
+    "Histories",
     "IngestResult",
+    "KeptReplies",
+    "Ledger",
     "Lookup",
     "NotFound",
     "Refusal",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import codec, open_store
-from store.sqlite_store import SQLiteStore
+from store import codec
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=1500),
@@ -49,15 +46,3 @@ def test_unstorable_values_are_named() -> None:
         codec.pack_message({"x": {1, 2}})
     with pytest.raises(ValueError, match="unknown format byte"):
         codec.decode_blob(b"?abc")
-
-
-def test_open_store_picks_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FOLDGATE_HOME", str(tmp_path / "home"))
-    default = open_store(None)
-    assert isinstance(default, SQLiteStore)
-    assert default.path == str(tmp_path / "home" / "store.db")
-    assert isinstance(open_store(f"sqlite://{tmp_path}/x.db"), SQLiteStore)
-    with pytest.raises(ValueError, match="unknown store URL scheme 'mysql'"):
-        open_store("mysql://x")
-    with pytest.raises(ValueError, match="has no scheme"):
-        open_store("localhost:6379")

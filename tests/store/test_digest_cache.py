@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.base import DigestCache
+from store.digests import DigestCache
 
 
 def history(n: int, size: int, tag: str = "") -> list[dict]:
@@ -14,17 +14,19 @@ def history(n: int, size: int, tag: str = "") -> list[dict]:
 
 def test_the_cache_stays_within_its_bytes_dropping_the_least_recently_used() -> None:
     evictions: list[int] = []
-    cache = DigestCache(max_bytes=70_000)
-    cache.evicted = lambda: evictions.append(1)
+    sizes: list[int] = []
+    cache = DigestCache(max_bytes=70_000, on_evict=evictions.append, on_size=sizes.append)
     for name in ("a", "b", "c"):
         cache.prepare("t", name, history(4, 5_000, name))  # ~22 KB each
     assert 60_000 < cache.bytes <= 70_000 and not evictions
     cache.prepare("t", "a", history(4, 5_000, "a"))  # "a" is now the most recent
     cache.prepare("t", "d", history(4, 5_000, "d"))
     assert len(evictions) == 1 and cache.bytes <= 70_000
+    assert 20_000 < evictions[0] < 25_000  # the dropped session's size, for a metric
+    assert sizes[-1] == cache.bytes
     # "b" went: its next request packs everything again; "a" is still known.
     assert cache.prepare("t", "a", history(4, 5_000, "a")).chains
-    assert ("t", "b") not in cache._seen and ("t", "a") in cache._seen
+    assert ("t", "b") not in cache and ("t", "a") in cache
 
 
 def test_a_session_larger_than_the_bound_is_not_kept_and_digests_stay_exact() -> None:

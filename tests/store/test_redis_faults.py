@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from store import StoreUnavailable, open_store
-from store.redis_store import RedisStore
+from store.redis import RedisStore
 from tests.store.conftest import history, msg
 from tests.store.redis_server import RedisServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from store.sqlite_store import SQLiteStore
+from store.sqlite import SQLiteStore
 from tests.store.conftest import history
 
 

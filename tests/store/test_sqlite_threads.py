@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from store.sqlite_store import SQLiteStore
+from store.sqlite import SQLiteStore
 from tests.store.conftest import history
 
 
@@ -57,12 +57,12 @@ async def test_quick_calls_queue_behind_the_worker_rather_than_overtake_it(
         return fn
 
     try:
-        await store._run(call("first quick"), quick=True)
-        slow = asyncio.create_task(store._run(call("slow", 0.2)))  # on the worker
+        await store.db.run(call("first quick"), quick=True)
+        slow = asyncio.create_task(store.db.run(call("slow", 0.2)))  # on the worker
         await asyncio.sleep(0.05)
-        await store._run(call("quick while the worker is busy"), write=True, quick=True)
+        await store.db.run(call("quick while the worker is busy"), write=True, quick=True)
         await slow
-        await store._run(call("quick again"), quick=True)
+        await store.db.run(call("quick again"), quick=True)
     finally:
         await store.close()
     names = [name for name, _ in ran]

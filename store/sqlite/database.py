@@ -1,0 +1,190 @@
+"""The SQLite backend's database: its schema, connections, and where each call runs.
+
+WAL mode, and every write is one ``BEGIN IMMEDIATE`` transaction, so other processes on
+the host see all of it or none.
+
+Where a call runs: the request path's calls (a lookup, an ingest of a request's new
+messages, counter increments, quota charges: tens to a few hundred microseconds of SQLite)
+run on the event loop's own thread, on a connection that never waits for a lock (busy
+timeout 0). Handing each to a worker thread cost more than the call (a thread handoff is
+~40 us of CPU each way, and the worker's Python competes with the loop for the GIL). A call
+that finds the database locked by another process, or that comes while the worker thread
+has calls queued (their order is kept), goes to the worker thread, whose connection waits
+up to ``timeout_s`` for the lock; so do the calls whose work grows with a session
+(``load``, logs, listings and deletions, which purge), and the router's own assignment
+reads and compare-and-sets (the request path reads the assignment with the lookup and
+writes it with the ingest), whose races between gateways are resolved by waiting on one
+another. Checkpoints, which write the WAL back and fsync, run on the worker thread too:
+the loop's connection never checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from store.errors import StoreUnavailable
+
+T = TypeVar("T")
+
+# Writes on the event loop's connection between two checkpoints on the worker's (SQLite's
+# own automatic checkpoint comes every 1,000 pages; a request writes a few).
+CHECKPOINT_EVERY = 128
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+  id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, session TEXT NOT NULL,
+  head INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0, used REAL NOT NULL,
+  UNIQUE (tenant, session));
+CREATE TABLE IF NOT EXISTS branches (
+  sid INTEGER, branch INTEGER, parent INTEGER, fork INTEGER, length INTEGER,
+  PRIMARY KEY (sid, branch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+  sid INTEGER, branch INTEGER, pos INTEGER, chain BLOB, body BLOB,
+  UNIQUE (sid, branch, pos));
+CREATE TABLE IF NOT EXISTS blobs (
+  sid INTEGER, digest BLOB, data BLOB, UNIQUE (sid, digest));
+CREATE TABLE IF NOT EXISTS gateway_turns (
+  sid INTEGER, branch INTEGER, seq INTEGER, after INTEGER, body BLOB,
+  PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS request_log (
+  sid INTEGER, branch INTEGER, seq INTEGER, data BLOB,
+  PRIMARY KEY (sid, branch, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counts (
+  sid INTEGER, branch INTEGER, name TEXT, value INTEGER,
+  PRIMARY KEY (sid, branch, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tenant_counts (
+  tenant TEXT, name TEXT, value INTEGER, PRIMARY KEY (tenant, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS count_tokens (
+  tenant TEXT, token TEXT, expires REAL, PRIMARY KEY (tenant, token)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS count_tokens_expiry ON count_tokens (expires);
+CREATE TABLE IF NOT EXISTS quota_counters (
+  tenant TEXT, name TEXT, value INTEGER, expires REAL,
+  PRIMARY KEY (tenant, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS assignments (
+  tenant TEXT, session TEXT, replica TEXT, expires REAL,
+  PRIMARY KEY (tenant, session)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replies (
+  tenant TEXT, id TEXT, data BLOB, expires REAL, PRIMARY KEY (tenant, id));
+-- Render states, which databases of earlier versions kept per branch: nothing reads them
+-- now, and purging a session would leave its rows behind.
+DROP TABLE IF EXISTS states;
+"""
+# messages and blobs are large rows: rowid tables keep them out of the key b-tree
+# (WITHOUT ROWID tables with rows near the page size waste most of each page)
+
+# SQLITE_BUSY and SQLITE_LOCKED (with extended codes): another connection holds the lock.
+LOCKED = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED} | {
+    getattr(sqlite3, name)
+    for name in dir(sqlite3)
+    if name.startswith(("SQLITE_BUSY_", "SQLITE_LOCKED_"))
+}
+
+
+class SQLiteDatabase:
+    """One database file: a worker thread's connection and the event loop thread's."""
+
+    def __init__(self, path: str | Path, timeout_s: float) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="foldgate-sqlite")
+        self._conn: sqlite3.Connection | None = None  # the worker thread's
+        self._loop_conn: sqlite3.Connection | None = None  # the event loop thread's
+        self._loop_thread: int | None = None
+        self._queued = 0  # calls handed to the worker thread and not finished
+        self._loop_writes = 0
+
+    async def run(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False, quick: bool = False
+    ) -> T:
+        """``fn`` in one transaction. ``quick``: bounded work, which may run on the event
+        loop's thread (see the module doc); else on the worker thread."""
+        conn = self._on_loop() if quick else None
+        try:
+            if conn is not None:
+                try:
+                    out = transaction(conn, fn, write)
+                except sqlite3.OperationalError as e:
+                    if getattr(e, "sqlite_errorcode", None) not in LOCKED:
+                        raise
+                else:
+                    if write:
+                        self._wrote_on_loop()
+                    return out
+            return await self._to_worker(lambda: transaction(self._connect(), fn, write))
+        except sqlite3.OperationalError as e:
+            raise StoreUnavailable(f"sqlite store {self.path} is unavailable: {e}") from e
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, shut)
+        self._pool.shutdown(wait=True)
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _on_loop(self) -> sqlite3.Connection | None:
+        """The event loop thread's connection, when a call may run on it now: the worker
+        has nothing queued (calls keep their order) and this is the thread it belongs to."""
+        if self._queued:
+            return None
+        if self._loop_conn is None:
+            conn = self._open()
+            conn.execute("PRAGMA busy_timeout=0")  # a locked database: to the worker
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the worker checkpoints
+            self._loop_conn, self._loop_thread = conn, threading.get_ident()
+        return self._loop_conn if self._loop_thread == threading.get_ident() else None
+
+    async def _to_worker(self, job: Callable[[], T]) -> T:
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+        finally:
+            self._queued -= 1
+
+    def _wrote_on_loop(self) -> None:
+        self._loop_writes += 1
+        if self._loop_writes % CHECKPOINT_EVERY == 0:
+            task = asyncio.ensure_future(self._to_worker(self._checkpoint))
+            # A failed checkpoint is retried by the next one; SQLite's WAL stays valid.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _checkpoint(self) -> None:
+        self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+def transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        out = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return out
