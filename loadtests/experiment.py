@@ -46,8 +46,9 @@ from loadtests.plan import (
     select,
 )
 from loadtests.report import write_report
-from loadtests.results import knee, load_requests, load_user_counts, stages, summarize
+from loadtests.results import summarize
 from loadtests.vllm_metrics import Scrape, Window, scrape_all
+from offline.locust_runs import knee, load_requests, load_user_counts, stages
 
 LOCUSTFILES = {
     "sessions": ROOT / "loadtests" / "locustfile.py",

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtests.results import load_requests
+from offline.locust_runs import load_requests
 from offline.sim.calibrate import ServedRequest
 from offline.sim.cluster import CellResult, SimConfig, simulate
 from offline.sim.workload import Workload
