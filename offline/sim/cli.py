@@ -24,10 +24,11 @@ from offline.cli_options import (
     trajectory_options,
 )
 from offline.replay import ReplayConfig, request_count
-from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.cluster import SimConfig, simulate
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
 from offline.sim.report import markdown_table, write_outputs
+from offline.sim.result import CellResult
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
 from router import COST_PRESETS, POLICY_NAMES
 from router.cost import CostModel, get_preset

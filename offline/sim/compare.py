@@ -44,7 +44,8 @@ import numpy as np
 
 from offline.locust_runs import load_requests
 from offline.sim.calibrate import ServedRequest
-from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.cluster import SimConfig, simulate
+from offline.sim.result import CellResult
 from offline.sim.workload import Workload
 from router.cost import CostModel
 

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from offline.locust_runs import knee
-from offline.sim.cluster import CellResult, SimConfig
+from offline.sim.cluster import SimConfig
+from offline.sim.result import CellResult
 
 HIT_POINTS = 1.0  # sticky_cost's hit rate may fall at most this far below sticky's
 QUEUE_SHARE = 0.10  # and its p95 queue time rise at most this far above least_loaded's

@@ -24,11 +24,12 @@ from offline.sim.calibrate import (
     prefill_phase,
     token_interval,
 )
-from offline.sim.cluster import CellResult, SimConfig, simulate
+from offline.sim.cluster import SimConfig, simulate
 from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
+from offline.sim.result import CellResult
 from offline.sim.workload import build_workload
 from router import make_policy
 from router.cost import CostModel
