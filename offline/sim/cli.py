@@ -423,8 +423,8 @@ def _fit_serving_path(
     import dataclasses
     import json
 
-    from offline.sim.calibrate import fit_serving_path, token_interval
     from offline.sim.compare import read_experiment
+    from offline.sim.serving_path import fit_serving_path, token_interval
 
     served = [r for folder in experiments for c in read_experiment(folder)[1] for r in c.served()]
     try:

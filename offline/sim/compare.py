@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from offline.locust_runs import load_requests
-from offline.sim.calibrate import ServedRequest
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.result import CellResult
+from offline.sim.serving_path import ServedRequest
 from offline.sim.workload import Workload
 from router.cost import CostModel
 
