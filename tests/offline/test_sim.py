@@ -18,10 +18,11 @@ from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
 from offline.sim.cluster import SimConfig, simulate
-from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
+from offline.sim.compare import bucket_bound
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
+from offline.sim.ordering import ordered_pairs, ordering, simulated_pairs
 from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
 from offline.sim.workload import build_workload
