@@ -189,7 +189,9 @@ class _Cluster:
                 self.scrape(now)
             elif kind == _ARRIVE:
                 self.arrive(now)
-        self.close(now, counters_at_warmup or _counters(self.engines))
+        if counters_at_warmup is None:  # the run ended within its warm-up
+            counters_at_warmup = _counters(self.engines)
+        self.measure(now, counters_at_warmup)
         if on_progress is not None:
             on_progress(config.duration_s)
         return self.result
@@ -209,7 +211,7 @@ class _Cluster:
             self.push(self.arrivals.expovariate(config.arrival_rate), _ARRIVE)
         self.push(0.0, _SCRAPE)
 
-    def close(self, now: float, counters_at_warmup: tuple[int, int, int]) -> None:
+    def measure(self, now: float, counters_at_warmup: tuple[int, int, int]) -> None:
         """The measured window's counters and length, once the loop has stopped at ``now``."""
         result, config = self.result, self.config
         end_counters = _counters(self.engines)
