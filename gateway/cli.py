@@ -18,8 +18,8 @@ SUBCOMMANDS = {
     "keys": "gateway.keys_cli:keys",
     "replay": "offline.replay_cli:replay_command",
     "simulate": "offline.sim.cli:simulate_command",
-    "simulate-fit": "offline.sim.cli:fit_command",
-    "simulate-compare": "offline.sim.cli:compare_command",
+    "simulate-fit": "offline.sim.calibration_cli:fit_command",
+    "simulate-compare": "offline.sim.calibration_cli:compare_command",
     "experiment": "loadtests.experiment:experiment_command",
 }
 

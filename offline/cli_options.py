@@ -25,6 +25,11 @@ tokenizer_option = click.option(
 )
 
 
+def comma_list(value: str) -> tuple[str, ...]:
+    """The items of a comma-separated option value, stripped, empty ones dropped."""
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
 def trajectory_options(command: F) -> F:
     """PATHS (trajectory files or folders, any importer format), ``--strict`` and
     ``--tokenizer``; the command receives ``paths``, ``strict`` and ``tokenizer``."""

@@ -8,7 +8,7 @@ least-loaded's), so a higher hit rate or a lower queue passes.
 
 The knee is the first load at which today's ``sticky`` (the gateway's default, which the
 Locust step load also runs) reaches 90% of its best throughput over the loads simulated
-(``loadtests.results.knee``, the experiments' rule): past it more sessions only queue.
+(``offline.locust_runs.knee``, the experiments' rule): past it more sessions only queue.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtests.results import knee
-from offline.sim.cluster import CellResult, SimConfig
+from offline.locust_runs import knee
+from offline.sim.cluster import SimConfig
+from offline.sim.result import CellResult
 
 HIT_POINTS = 1.0  # sticky_cost's hit rate may fall at most this far below sticky's
 QUEUE_SHARE = 0.10  # and its p95 queue time rise at most this far above least_loaded's

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from offline.sim.cluster import CellResult
+from offline.sim.result import CellResult
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy", "policy"),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -129,7 +128,7 @@ def build_workload(
     }
     # Every request's block hashes first: a block is shared across sessions when it is in
     # the head or when another recording has the same hash (the same leading tokens).
-    rendered_runs: list[tuple[str, str, list[tuple[np.ndarray, int, int, int, Any]]]] = []
+    rendered_runs: list[tuple[str, str, list[_Rendered]]] = []
     first_seen: dict[int, str] = {}  # block hash -> the first recording that has it
     common: set[int] = set()  # hashes more than one recording has
     for trajectory in trajectories:
@@ -137,54 +136,18 @@ def build_workload(
         replies = _reply_tokens(chat, trajectory.transcript)
         seen_here: set[int] = set()  # this recording's hashes, every strategy
         for strategy, renderer in renderers.items():
-            hasher = PrefixCache(block_size=bs)
-            prompts = SessionPrompts(chat)
-            cache = None
-            rendered_steps = []
-            requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
-            for n, (request, reply) in enumerate(zip(requests, replies, strict=True)):
-                if max_steps is not None and n >= max_steps:
-                    break
-                rendered = renderer.render(request, None, cache)
-                cache = rendered.cache
-                ids = prompts.prompt_ids(rendered.transcript)
-                hashes = hasher.block_hashes(ids)
-                for h in set(hashes) - seen_here:  # a prompt mostly repeats the last one's
-                    if first_seen.setdefault(h, trajectory.id) != trajectory.id:
-                        common.add(h)
-                seen_here.update(hashes)
-                head_tokens = _head_tokens(chat, rendered.transcript)
-                tokens = np.asarray(ids, dtype=np.int32) if keep_tokens else None
-                rendered_steps.append(
-                    (np.asarray(hashes, dtype=np.int64), len(ids), reply, head_tokens, tokens)
-                )
-                if on_request is not None:
-                    on_request()
-            rendered_runs.append((trajectory.id, strategy, rendered_steps))
-    for trajectory_id, strategy, rendered_steps in rendered_runs:
-        local: dict[int, int] = {}
-        steps = []
-        for hash_array, n_tokens, reply, head_tokens, tokens in rendered_steps:
-            hashes = hash_array.tolist()
-            if share == "all":
-                n_head = len(hashes)
-            else:
-                n_head = min(len(hashes), head_tokens // bs)
-                while n_head < len(hashes) and hashes[n_head] in common:
-                    n_head += 1
-            head = [shared.setdefault(h, len(shared)) for h in hashes[:n_head]]
-            own = [local.setdefault(h, len(local)) for h in hashes[n_head:]]
-            steps.append(
-                Step(
-                    head=np.asarray(head, dtype=np.int64),
-                    own=np.asarray(own, dtype=np.int64),
-                    prompt_tokens=n_tokens,
-                    output_tokens=max(1, min(reply, max_output_tokens)),
-                    head_tokens=n_head * bs,
-                    tokens=tokens,
-                )
+            rendered = _render_run(
+                trajectory, renderer, chat, replies, bs, max_steps, keep_tokens, on_request
             )
-        runs[(trajectory_id, strategy)] = Run(trajectory_id, strategy, tuple(steps), len(local))
+            for step in rendered:
+                seen_here.update(step.hashes.tolist())
+            rendered_runs.append((trajectory.id, strategy, rendered))
+        for h in seen_here:
+            if first_seen.setdefault(h, trajectory.id) != trajectory.id:
+                common.add(h)
+    for trajectory_id, strategy, rendered in rendered_runs:
+        steps, local_ids = _name_blocks(rendered, shared, common, share, bs, max_output_tokens)
+        runs[(trajectory_id, strategy)] = Run(trajectory_id, strategy, steps, local_ids)
     return Workload(
         runs=runs,
         trajectories=tuple(names),
@@ -194,3 +157,86 @@ def build_workload(
         tokenizer=chat.counter.name,
         share=share,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """One request rendered and tokenized, before its blocks are named."""
+
+    hashes: np.ndarray  # its full blocks' chained hashes
+    prompt_tokens: int
+    reply_tokens: int
+    head_tokens: int
+    tokens: np.ndarray | None
+
+
+def _render_run(
+    trajectory: TrajectoryLike,
+    renderer: Renderer,
+    chat: ChatTokenizer,
+    replies: list[int],
+    block_size: int,
+    max_steps: int | None,
+    keep_tokens: bool,
+    on_request: Callable[[], None] | None,
+) -> list[_Rendered]:
+    """One trajectory's requests under one renderer, as one session renders them."""
+    hasher = PrefixCache(block_size=block_size)
+    prompts = SessionPrompts(chat)
+    cache = None
+    rendered_steps = []
+    requests = requests_of(trajectory.transcript, trajectory.compaction_indices)
+    for n, (request, reply) in enumerate(zip(requests, replies, strict=True)):
+        if max_steps is not None and n >= max_steps:
+            break
+        rendered = renderer.render(request, None, cache)
+        cache = rendered.cache
+        ids = prompts.prompt_ids(rendered.transcript)
+        rendered_steps.append(
+            _Rendered(
+                hashes=np.asarray(hasher.block_hashes(ids), dtype=np.int64),
+                prompt_tokens=len(ids),
+                reply_tokens=reply,
+                head_tokens=_head_tokens(chat, rendered.transcript),
+                tokens=np.asarray(ids, dtype=np.int32) if keep_tokens else None,
+            )
+        )
+        if on_request is not None:
+            on_request()
+    return rendered_steps
+
+
+def _name_blocks(
+    rendered: list[_Rendered],
+    shared: dict[int, int],
+    common: set[int],
+    share: str,
+    block_size: int,
+    max_output_tokens: int,
+) -> tuple[tuple[Step, ...], int]:
+    """One run's steps with their blocks named: the head's (and leading blocks in
+    ``common``) by global ids in ``shared``, the rest by run-local ids; and how many
+    run-local ids it uses."""
+    local: dict[int, int] = {}
+    steps = []
+    for r in rendered:
+        hashes = r.hashes.tolist()
+        if share == "all":
+            n_head = len(hashes)
+        else:
+            n_head = min(len(hashes), r.head_tokens // block_size)
+            while n_head < len(hashes) and hashes[n_head] in common:
+                n_head += 1
+        head = [shared.setdefault(h, len(shared)) for h in hashes[:n_head]]
+        own = [local.setdefault(h, len(local)) for h in hashes[n_head:]]
+        steps.append(
+            Step(
+                head=np.asarray(head, dtype=np.int64),
+                own=np.asarray(own, dtype=np.int64),
+                prompt_tokens=r.prompt_tokens,
+                output_tokens=max(1, min(r.reply_tokens, max_output_tokens)),
+                head_tokens=n_head * block_size,
+                tokens=r.tokens,
+            )
+        )
+    return tuple(steps), len(local)

@@ -24,11 +24,11 @@ from offline.replay import ReplayConfig
 from offline.sim.calibrate import (
     cells_agree,
     fit_coefficients,
-    fit_serving_path,
     measure_phases,
     replay_on_replica,
 )
 from offline.sim.cluster import SimConfig, simulate
+from offline.sim.serving_path import fit_serving_path
 from offline.sim.workload import build_workload
 from router.cost import CostModel, get_preset
 from tests.e2e.trajectory_fixture import record_figures

@@ -11,7 +11,6 @@ import pytest
 from gateway.tokens import ChatTokenizer, get_counter
 from gateway.transcript import Message, Text, Transcript
 from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile, select
-from loadtests.results import knee, stages
 from loadtests.sessions import ThinkTime, build_session
 from loadtests.vllm_metrics import Histogram, Window, parse
 from offline.importers import MessageTime, Trajectory
@@ -115,30 +114,6 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
     bad.write_text(text)
     with pytest.raises(PlanError, match="routing must be one of"):
         load_profile("full", bad)
-
-
-def test_stages_and_knee_of_a_step_load() -> None:
-    def req(start: float, end: float, ok: bool = True) -> dict:
-        return {"start": start, "end": end, "ok": ok, "ttft_ms": 10.0 * start}
-
-    # Locust's per-second user counts: 1 user from t=100, 2 from t=110, 4 from t=125 to 135
-    counts = [(100.0 + t, 1) for t in range(10)] + [(110.0 + t, 2) for t in range(15)]
-    counts += [(125.0 + t, 4) for t in range(11)]
-    requests = [req(101, 104), req(104, 109), req(108, 112)]  # ended: 2 in stage 1
-    requests += [req(112, 118), req(113, 119), req(118, 124)]  # 4 in stage 2 (with 108-112)
-    requests += [req(124, 127), req(126, 129, ok=False), req(127, 131)]  # stage 3
-    rows = stages(requests, counts)
-    assert [(r["users"], r["seconds"]) for r in rows] == [(1, 10.0), (2, 15.0), (4, 10.0)]
-    assert [r["session_steps_per_min"] for r in rows] == [12.0, 16.0, 12.0]
-    assert rows[2]["failed"] == 1
-    assert rows[1]["ttft_p50_ms"] == 1180.0  # sent in stage 2: started 112, 113, 118, 124
-    assert knee(rows)["users"] == 2
-    # The run stops: users leave (4 -> 3, reported until t=142) and a straggler ends at
-    # 137. Leaving users are no stage; the last stage lasts the shape's 10 s.
-    counts += [(136.0 + t, 3) for t in range(7)]
-    stopped = stages([*requests, req(130, 137)], counts, stage_s=10)
-    assert [(r["users"], r["seconds"]) for r in stopped] == [(1, 10.0), (2, 15.0), (4, 10.0)]
-    assert stopped[2]["session_steps_per_min"] == 12.0
 
 
 def test_think_time_spec() -> None:

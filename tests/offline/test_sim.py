@@ -16,19 +16,15 @@ from gateway.tokens import ByteEstimate, ChatTokenizer
 from offline.importers import load_trajectories
 from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
-from offline.sim.calibrate import (
-    ServedRequest,
-    decode_phase,
-    fit_coefficients,
-    fit_serving_path,
-    prefill_phase,
-    token_interval,
-)
-from offline.sim.cluster import CellResult, SimConfig, simulate
-from offline.sim.compare import bucket_bound, ordered_pairs, ordering, simulated_pairs
+from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
+from offline.sim.cluster import SimConfig, simulate
+from offline.sim.compare import bucket_bound
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
+from offline.sim.ordering import ordered_pairs, ordering, simulated_pairs
+from offline.sim.result import CellResult
+from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
 from offline.sim.workload import build_workload
 from router import make_policy
 from router.cost import CostModel
