@@ -9,17 +9,7 @@ from collections import Counter
 from router import RouteHints, get_preset, make_policy
 from router.failover import with_failover
 from router.replica import Replica
-from tests.router.support import static_pool
-
-
-class NoStore:
-    """An assignment store that must not be used."""
-
-    async def get_assignment(self, tenant: str, session: str) -> str | None:
-        raise AssertionError("the policy read the assignment the caller had read")
-
-    async def set_assignment(self, *args: object, **kwargs: object) -> str:
-        raise AssertionError("the policy wrote the assignment the caller writes")
+from tests.router.support import NoStore, static_pool
 
 
 async def test_a_caller_read_assignment_is_used_and_not_written() -> None:

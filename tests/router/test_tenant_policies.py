@@ -1,4 +1,6 @@
-from router import TenantPolicies, make_policy, make_tenant_policy
+from __future__ import annotations
+
+from router import Decision, TenantPolicies, make_policy, make_tenant_policy
 from tests.router.support import static_pool
 
 
@@ -42,3 +44,30 @@ def test_the_cached_prefix_hint_is_read_when_any_tenant_needs_it() -> None:
     )
     assert policy.policy_for("a").name == "sticky_cost"
     assert policy.uses_cached_prefix
+
+
+async def test_tenant_policies_compose_any_routing_policy_through_its_public_api() -> None:
+    pool = static_pool([0, 0])
+
+    class Fixed:
+        """A RoutingPolicy of its own: always the second replica."""
+
+        name = "fixed"
+        uses_cached_prefix = True
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+
+        def policy_for(self, tenant: str) -> Fixed:
+            return self
+
+        async def choose(self, tenant, session, pool, exclude=(), hints=None) -> Decision:
+            self.calls.append((tenant, session, tuple(exclude)))
+            return Decision(pool.replicas[1], "fixed")
+
+    fixed = Fixed()
+    policy = TenantPolicies(make_policy("round_robin"), {"f": fixed})
+    assert policy.uses_cached_prefix
+    d = await policy.choose("f", "s", pool, exclude=["x"])
+    assert (d.replica, d.reason, fixed.calls) == (pool.replicas[1], "fixed", [("f", "s", ("x",))])
+    assert (await policy.choose("other", "s", pool)).reason == "round_robin"
