@@ -1,10 +1,10 @@
 """The routing knobs and their one default each: the gateway's config, the policies and
 the simulator all take these.
 
-``REHOME_MARGIN``: 8.0 is what the gateway has always run with (``GatewayConfig``); the
-policy classes defaulted to 4.0, which only direct constructions in tests and the bench
-used. ``ASSIGNMENT_TTL_S``: how long a session's replica assignment outlives its last
-request.
+``REHOME_MARGIN``: 8.0 is what the gateway and the simulator have always run with (the
+gateway's config default); the router's own 4.0 reached only policies built without a
+margin (tests, the overhead bench). ``ASSIGNMENT_TTL_S``: how long a session's replica
+assignment outlives its last request.
 """
 
 from __future__ import annotations
