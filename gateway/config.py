@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from router.knobs import ASSIGNMENT_TTL_S, REHOME_MARGIN
+
 DEFAULT_TENANT = "default"
 
 
@@ -66,8 +68,8 @@ class GatewayConfig:
     """Connections and requests one gateway process serves at once; more get a 503."""
     max_restores: int = 3
     max_attempts: int = 3
-    assignment_ttl_s: float = 3600.0
-    rehome_margin: float = 8.0
+    assignment_ttl_s: float = ASSIGNMENT_TTL_S
+    rehome_margin: float = REHOME_MARGIN
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0

@@ -4,42 +4,40 @@ from router.assignments import AssignmentStore
 from router.cost import PRESETS as COST_PRESETS
 from router.cost import CostModel, get_preset
 from router.failover import UpstreamFailed, reading_reply, with_failover
+from router.inputs import RouteHints
+from router.knobs import ASSIGNMENT_TTL_S, REHOME_MARGIN, Knobs
 from router.metrics import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.policies import (
-    POLICY_NAMES,
     AssignedSessionPolicy,
-    CostAwareStickyPolicy,
     Decision,
-    LeastLoadedPolicy,
     NoHealthyReplica,
-    RoundRobinPolicy,
-    RouteHints,
+    ProfilePolicy,
     RoutingPolicy,
-    StickyPolicy,
     make_policy,
 )
 from router.pool import ReplicaPool
+from router.registry import POLICY_NAMES
 from router.replica import Replica
 from router.tenant_policies import TenantPolicies, make_tenant_policy
 
 __all__ = [
+    "ASSIGNMENT_TTL_S",
     "COST_PRESETS",
     "POLICY_NAMES",
+    "REHOME_MARGIN",
     "AssignedSessionPolicy",
     "AssignmentStore",
-    "CostAwareStickyPolicy",
     "CostModel",
     "Decision",
-    "LeastLoadedPolicy",
+    "Knobs",
     "MetricsParseError",
     "NoHealthyReplica",
+    "ProfilePolicy",
     "Replica",
     "ReplicaMetrics",
     "ReplicaPool",
-    "RoundRobinPolicy",
     "RouteHints",
     "RoutingPolicy",
-    "StickyPolicy",
     "TenantPolicies",
     "UpstreamFailed",
     "get_preset",

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from router.policies import NoHealthyReplica, RouteHints, RoutingPolicy
+from router.inputs import RouteHints
+from router.policies import NoHealthyReplica, RoutingPolicy
 from router.pool import ReplicaPool
 from router.replica import Replica
 from router.telemetry import FAILOVER_RETRIES

@@ -1,9 +1,10 @@
 """Routing policies chosen per tenant: one tenant's sessions sticky, another's round-robin.
 
-The gateway routes through one policy object; when tenants name policies of their own, it
-is a `TenantPolicies`, which builds one policy per name in use and hands each request to
-its tenant's. Each policy keeps its own state (round-robin turns, the sessions it bound to
-each replica), so a policy's "fewest bound sessions" counts only its own tenants' sessions.
+The gateway routes through one `RoutingPolicy`; when tenants name policies of their own,
+it is a `TenantPolicies`, which builds one policy per name in use and hands each request
+to its tenant's through that policy's public ``choose``. Each policy keeps its own state
+(rotation turns, the sessions it placed on each replica), so a policy's "fewest bound
+sessions" counts only its own tenants' sessions.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from router.policies import Decision, RouteHints, RoutingPolicy, make_policy
+from router.inputs import RouteHints
+from router.policies import Decision, RoutingPolicy, make_policy
 from router.pool import ReplicaPool
 
 
-class TenantPolicies(RoutingPolicy):
+class TenantPolicies:
+    """A `RoutingPolicy` that delegates each tenant's requests to that tenant's policy."""
+
     name = "per_tenant"
 
     def __init__(self, default: RoutingPolicy, by_tenant: Mapping[str, RoutingPolicy]) -> None:
@@ -41,16 +45,6 @@ class TenantPolicies(RoutingPolicy):
     ) -> Decision:
         """The tenant's policy decides (and is counted under its own name)."""
         return await self.policy_for(tenant).choose(tenant, session, pool, exclude, hints)
-
-    async def _choose(
-        self,
-        tenant: str,
-        session: str,
-        pool: ReplicaPool,
-        exclude: Collection[str],
-        hints: RouteHints,
-    ) -> Decision:
-        return await self.policy_for(tenant)._choose(tenant, session, pool, exclude, hints)
 
 
 def make_tenant_policy(default: str, by_tenant: Mapping[str, str], **options: Any) -> RoutingPolicy:

@@ -6,28 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from router import CostAwareStickyPolicy, RouteHints, StickyPolicy, get_preset
+from router import RouteHints, get_preset, make_policy
 from router.failover import with_failover
 from router.replica import Replica
-from tests.router.support import static_pool
-
-
-class NoStore:
-    """An assignment store that must not be used."""
-
-    async def get_assignment(self, tenant: str, session: str) -> str | None:
-        raise AssertionError("the policy read the assignment the caller had read")
-
-    async def set_assignment(self, *args: object, **kwargs: object) -> str:
-        raise AssertionError("the policy wrote the assignment the caller writes")
+from tests.router.support import NoStore, static_pool
 
 
 async def test_a_caller_read_assignment_is_used_and_not_written() -> None:
     pool = static_pool([0, 3])
     a, b = pool.replicas
     for policy in (
-        StickyPolicy(NoStore(), rehome_margin=4),
-        CostAwareStickyPolicy(NoStore(), get_preset("cpu-tiny")),
+        make_policy("sticky", assignments=NoStore(), rehome_margin=4),
+        make_policy("sticky_cost", assignments=NoStore(), cost=get_preset("cpu-tiny")),
     ):
         new = await policy.choose("t", "s", pool, hints=RouteHints(assignment_read=True))
         assert new.reason == "new" and new.replica in (a, b)
@@ -47,8 +37,8 @@ async def test_a_burst_of_new_sessions_spreads_over_idle_replicas() -> None:
     quick-profile run before the request path read the assignment with the history put 4
     of 5 new sessions on one replica)."""
     for policy in (
-        StickyPolicy(NoStore(), rehome_margin=4),
-        CostAwareStickyPolicy(NoStore(), get_preset("cpu-tiny")),
+        make_policy("sticky", assignments=NoStore(), rehome_margin=4),
+        make_policy("sticky_cost", assignments=NoStore(), cost=get_preset("cpu-tiny")),
     ):
         pool = static_pool([0, 0])
         release = asyncio.Event()

@@ -7,13 +7,11 @@ from prometheus_client import REGISTRY
 
 from router import (
     AssignmentStore,
-    LeastLoadedPolicy,
     NoHealthyReplica,
     Replica,
     ReplicaPool,
-    RoundRobinPolicy,
-    StickyPolicy,
     UpstreamFailed,
+    make_policy,
     reading_reply,
     with_failover,
 )
@@ -58,7 +56,7 @@ async def test_retries_5xx_and_connection_error_on_other_replicas(
         tried: list[str] = []
         async with aiohttp.ClientSession() as http:
             served_by = await with_failover(
-                LeastLoadedPolicy(), pool, "t", "s", http_attempt(http, tried)
+                make_policy("least_loaded"), pool, "t", "s", http_attempt(http, tried)
             )
         assert tried == [a.url, b.url, c.url] and served_by == c.url
         assert retries() == before + 2
@@ -72,7 +70,7 @@ async def test_sticky_session_moves_off_a_failing_replica(
     fake_replicas: StartReplicas, assignments: AssignmentStore
 ) -> None:
     a, b = await fake_replicas(2)
-    policy = StickyPolicy(assignments)
+    policy = make_policy("sticky", assignments=assignments)
     async with ReplicaPool([a.url, b.url], probe_interval_s=60) as pool:
         async with aiohttp.ClientSession() as http:
             home = await with_failover(policy, pool, "t", "s", http_attempt(http, []))
@@ -94,7 +92,7 @@ async def test_no_retry_after_bytes_were_sent(fake_replicas: StartReplicas) -> N
             raise UpstreamFailed("stream cut mid-answer", retryable=False)
 
         with pytest.raises(UpstreamFailed, match="stream cut"):
-            await with_failover(LeastLoadedPolicy(), pool, "t", "s", attempt)
+            await with_failover(make_policy("least_loaded"), pool, "t", "s", attempt)
         assert len(tried) == 1
         assert pool.get(tried[0]).breaker.failures_in_a_row == 1
 
@@ -108,7 +106,12 @@ async def test_attempts_are_bounded(fake_replicas: StartReplicas) -> None:
         async with aiohttp.ClientSession() as http:
             with pytest.raises(UpstreamFailed) as info:
                 await with_failover(
-                    RoundRobinPolicy(), pool, "t", "s", http_attempt(http, tried), max_attempts=3
+                    make_policy("round_robin"),
+                    pool,
+                    "t",
+                    "s",
+                    http_attempt(http, tried),
+                    max_attempts=3,
                 )
         assert info.value.status == 502
         assert len(tried) == 3 and len(set(tried)) == 3
@@ -124,10 +127,12 @@ async def test_running_out_of_replicas_raises_the_upstream_error(
         async with aiohttp.ClientSession() as http:
             for _ in range(2):  # the second failure in a row opens the breaker
                 with pytest.raises(UpstreamFailed, match="500"):
-                    await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
+                    await with_failover(
+                        make_policy("round_robin"), pool, "t", "s", http_attempt(http, [])
+                    )
         # With nothing routable left, no attempt is made at all.
         with pytest.raises(NoHealthyReplica):
-            await with_failover(RoundRobinPolicy(), pool, "t", "s", http_attempt(http, []))
+            await with_failover(make_policy("round_robin"), pool, "t", "s", http_attempt(http, []))
 
 
 async def test_other_exceptions_propagate_without_retry() -> None:
@@ -142,14 +147,14 @@ async def test_other_exceptions_propagate_without_retry() -> None:
         raise KeyError("bug in the gateway")
 
     with pytest.raises(KeyError):
-        await with_failover(RoundRobinPolicy(), pool, "t", "s", attempt)
+        await with_failover(make_policy("round_robin"), pool, "t", "s", attempt)
     assert calls == 1 and len(pool.healthy()) == 2
 
 
 async def test_max_attempts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         await with_failover(
-            RoundRobinPolicy(), ReplicaPool(["http://a:1"]), "t", "s", None, max_attempts=0
+            make_policy("round_robin"), ReplicaPool(["http://a:1"]), "t", "s", None, max_attempts=0
         )  # type: ignore[arg-type]
 
 
@@ -163,7 +168,7 @@ async def test_a_4xx_counts_as_the_replica_answering(fake_replicas: StartReplica
             raise UpstreamFailed("context too long", retryable=False, status=400)
 
         with pytest.raises(UpstreamFailed):
-            await with_failover(RoundRobinPolicy(), pool, "t", "s", refused)
+            await with_failover(make_policy("round_robin"), pool, "t", "s", refused)
         assert replica.breaker.failures_in_a_row == 0
         pool.report_failure(replica)
         assert pool.routable() == [replica]
@@ -184,7 +189,7 @@ async def test_a_replica_failing_every_request_is_taken_out_and_tried_again_late
         breaker_open_s=5,
         clock=lambda: now[0],
     ) as pool:
-        policy = RoundRobinPolicy()
+        policy = make_policy("round_robin")
         async with aiohttp.ClientSession() as http:
             served = [
                 await with_failover(policy, pool, "t", "s", http_attempt(http, []))

@@ -7,12 +7,11 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from router import (
+    AssignedSessionPolicy,
     AssignmentStore,
-    LeastLoadedPolicy,
     NoHealthyReplica,
+    ProfilePolicy,
     ReplicaMetrics,
-    RoundRobinPolicy,
-    StickyPolicy,
     make_policy,
 )
 from tests.router.support import static_pool
@@ -27,7 +26,7 @@ def moves(reason: str) -> float:
 
 async def test_round_robin_cycles_over_healthy_replicas() -> None:
     pool = static_pool([0, 0, 0], healthy=[True, False, True])
-    policy = RoundRobinPolicy()
+    policy = make_policy("round_robin")
     picked = [(await policy.choose("t", "s", pool)).replica.url for _ in range(4)]
     a, _, c = (r.url for r in pool.replicas)
     assert picked == [a, c, a, c]
@@ -36,13 +35,13 @@ async def test_round_robin_cycles_over_healthy_replicas() -> None:
 async def test_round_robin_respects_exclude() -> None:
     pool = static_pool([0, 0])
     a, b = (r.url for r in pool.replicas)
-    policy = RoundRobinPolicy()
+    policy = make_policy("round_robin")
     assert {(await policy.choose("t", "s", pool, exclude=[a])).replica.url for _ in range(3)} == {b}
 
 
 async def test_least_loaded_counts_scrape_and_in_flight() -> None:
     pool = static_pool([3, 1, 2])
-    policy = LeastLoadedPolicy()
+    policy = make_policy("least_loaded")
     assert (await policy.choose("t", "s", pool)).replica is pool.replicas[1]
     pool.replicas[1].in_flight = 5  # 1 + 5 > 2
     assert (await policy.choose("t", "s", pool)).replica is pool.replicas[2]
@@ -50,14 +49,18 @@ async def test_least_loaded_counts_scrape_and_in_flight() -> None:
 
 async def test_least_loaded_ties_rotate() -> None:
     pool = static_pool([0, 0, 7])
-    policy = LeastLoadedPolicy()
+    policy = make_policy("least_loaded")
     picked = {(await policy.choose("t", "s", pool)).replica.url for _ in range(4)}
     assert picked == {pool.replicas[0].url, pool.replicas[1].url}
 
 
 async def test_no_healthy_replica_is_an_error(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0], healthy=[False, False])
-    for policy in (RoundRobinPolicy(), LeastLoadedPolicy(), StickyPolicy(assignments)):
+    for policy in (
+        make_policy("round_robin"),
+        make_policy("least_loaded"),
+        make_policy("sticky", assignments=assignments),
+    ):
         with pytest.raises(NoHealthyReplica, match="no healthy replica among 2"):
             await policy.choose("t", "s", pool)
 
@@ -66,7 +69,7 @@ async def test_sticky_new_session_goes_to_least_loaded_and_stays(
     assignments: AssignmentStore,
 ) -> None:
     pool = static_pool([4, 1, 3])
-    policy = StickyPolicy(assignments, rehome_margin=4)
+    policy = make_policy("sticky", assignments=assignments, rehome_margin=4)
     first = await policy.choose("t", "s1", pool)
     assert (first.replica, first.reason, first.moved_from) == (pool.replicas[1], "new", None)
     assert await assignments.get_assignment("t", "s1") == pool.replicas[1].url
@@ -81,7 +84,7 @@ async def test_sticky_rehomes_from_unhealthy_replica_and_records_it(
 ) -> None:
     pool = static_pool([0, 3])
     a, b = pool.replicas
-    policy = StickyPolicy(assignments, rehome_margin=4)
+    policy = make_policy("sticky", assignments=assignments, rehome_margin=4)
     assert (await policy.choose("t", "s", pool)).replica is a
     before = moves("unhealthy")
     a.healthy = False
@@ -97,7 +100,7 @@ async def test_sticky_rehomes_from_unhealthy_replica_and_records_it(
 async def test_sticky_rehomes_when_load_exceeds_margin(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 1])
     a, b = pool.replicas
-    policy = StickyPolicy(assignments, rehome_margin=2)
+    policy = make_policy("sticky", assignments=assignments, rehome_margin=2)
     assert (await policy.choose("t", "s", pool)).replica is a
     a.in_flight = 3  # load 3 vs 1: over by 2, not more
     assert (await policy.choose("t", "s", pool)).reason == "sticky"
@@ -108,7 +111,7 @@ async def test_sticky_rehomes_when_load_exceeds_margin(assignments: AssignmentSt
 
 async def test_sticky_excluded_replica_moves_session(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0])
-    policy = StickyPolicy(assignments)
+    policy = make_policy("sticky", assignments=assignments)
     first = (await policy.choose("t", "s", pool)).replica
     moved = await policy.choose("t", "s", pool, exclude=[first.url])
     assert moved.reason == "excluded" and moved.moved_from == first.url
@@ -117,7 +120,7 @@ async def test_sticky_excluded_replica_moves_session(assignments: AssignmentStor
 
 async def test_sticky_assignment_expires_after_ttl(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0])
-    policy = StickyPolicy(assignments, ttl_s=0.05)
+    policy = make_policy("sticky", assignments=assignments, ttl_s=0.05)
     await policy.choose("t", "s", pool)
     await asyncio.sleep(0.1)
     assert (await policy.choose("t", "s", pool)).reason == "new"
@@ -125,7 +128,7 @@ async def test_sticky_assignment_expires_after_ttl(assignments: AssignmentStore)
 
 async def test_sticky_sessions_are_per_tenant(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0])
-    policy = StickyPolicy(assignments)
+    policy = make_policy("sticky", assignments=assignments)
     first = (await policy.choose("t1", "s", pool)).replica
     pool.replicas[pool.replicas.index(first)].in_flight = 1
     assert (await policy.choose("t2", "s", pool)).replica is not first
@@ -136,7 +139,10 @@ async def test_two_gateways_sharing_a_store_agree(assignments: AssignmentStore) 
     # for a new session; the differences stay within the margin, so neither moves the other's.
     pool1 = static_pool([0, 3, 3])
     pool2 = static_pool([3, 0, 3])
-    g1, g2 = StickyPolicy(assignments, rehome_margin=4), StickyPolicy(assignments, rehome_margin=4)
+    g1, g2 = (
+        make_policy("sticky", assignments=assignments, rehome_margin=4),
+        make_policy("sticky", assignments=assignments, rehome_margin=4),
+    )
     sessions = [f"s{i}" for i in range(20)]
     calls = [g.choose("t", s, p) for s in sessions for g, p in ((g1, pool1), (g2, pool2))]
     decisions = await asyncio.gather(*calls)
@@ -150,22 +156,27 @@ async def test_follows_winner_only_when_usable(assignments: AssignmentStore) -> 
     # Gateway 2 cannot reach replica 0, which gateway 1 just assigned: it re-homes instead.
     pool1 = static_pool([0, 5])
     pool2 = static_pool([0, 5], healthy=[False, True])
-    await StickyPolicy(assignments).choose("t", "s", pool1)
-    d = await StickyPolicy(assignments).choose("t", "s", pool2)
+    await make_policy("sticky", assignments=assignments).choose("t", "s", pool1)
+    d = await make_policy("sticky", assignments=assignments).choose("t", "s", pool2)
     assert (d.replica.url, d.reason) == (pool2.replicas[1].url, "unhealthy")
 
 
 async def test_make_policy(assignments: AssignmentStore) -> None:
-    assert isinstance(make_policy("round_robin"), RoundRobinPolicy)
-    assert isinstance(make_policy("least_loaded", assignments=assignments), LeastLoadedPolicy)
+    for name in ("round_robin", "least_loaded"):
+        policy = make_policy(name, assignments=assignments)
+        assert policy.name == name and not isinstance(policy, AssignedSessionPolicy)
+        assert isinstance(policy, ProfilePolicy)
     sticky = make_policy("sticky", assignments=assignments, ttl_s=5, rehome_margin=1)
-    assert isinstance(sticky, StickyPolicy) and (sticky.ttl_s, sticky.rehome_margin) == (5, 1)
+    assert isinstance(sticky, AssignedSessionPolicy)
+    assert (sticky.name, sticky.ttl_s, sticky.knobs.rehome_margin) == ("sticky", 5, 1)
     with pytest.raises(ValueError, match="unknown routing policy 'fastest'"):
         make_policy("fastest")
     with pytest.raises(ValueError, match="needs an assignment store"):
         make_policy("sticky")
     with pytest.raises(ValueError, match="ttl_s must be positive"):
         make_policy("sticky", assignments=assignments, ttl_s=0)
+    with pytest.raises(ValueError, match="rehome_margin must be >= 0"):
+        make_policy("sticky", assignments=assignments, rehome_margin=-1)
 
 
 # The store fixture outlives examples; each example uses a session of its own.
@@ -187,7 +198,7 @@ async def test_sticky_invariants_under_changing_health_and_load(
     assignments: AssignmentStore, steps: list[tuple[list[int], list[bool]]], margin: int
 ) -> None:
     session = uuid.uuid4().hex
-    policy = StickyPolicy(assignments, rehome_margin=margin)
+    policy = make_policy("sticky", assignments=assignments, rehome_margin=margin)
     pool = static_pool([0, 0, 0])
     previous: str | None = None
     for loads, healthy in steps:

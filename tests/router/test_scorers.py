@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from router import AssignmentStore, CostAwareStickyPolicy, ReplicaMetrics, RouteHints, make_policy
+from router import AssignedSessionPolicy, AssignmentStore, ReplicaMetrics, RouteHints, make_policy
 from router.cost import CostModel, get_preset
-from router.policies import (
-    CachedPrefixScorer,
-    Candidate,
-    FitScorer,
-    MaxScorePicker,
-    PrefixScorer,
-    QueueSlackFilter,
-    QueueWaitScorer,
-    RouteContext,
-    queue_wait_s,
-)
+from router.filters.queue_slack import QueueSlackFilter
+from router.inputs import Candidate, RouteContext
+from router.pickers.max_score import MaxScorePicker
+from router.scorers.cached_prefix import CachedPrefixScorer
+from router.scorers.fit import FitScorer
+from router.scorers.prefix import PrefixScorer
+from router.scorers.queue_wait import QueueWaitScorer, queue_wait_s
 from tests.router.support import static_pool
 
 # Round numbers, so the expected seconds are computable by hand: 1 ms per prefill token,
@@ -41,8 +37,8 @@ def cand(
     return Candidate(url, running, waiting, 0, kv, bound)
 
 
-def ctx(current: str | None = None, **hints: object) -> RouteContext:
-    return RouteContext("t", "s", RouteHints(**hints), current=current)  # type: ignore[arg-type]
+def ctx(current: str | None = None, turn: int = 0, **hints: object) -> RouteContext:
+    return RouteContext("t", "s", RouteHints(**hints), current=current, turn=turn)  # type: ignore[arg-type]
 
 
 def test_cost_model_prefill_counts_budget_sized_steps() -> None:
@@ -102,8 +98,13 @@ def test_queue_slack_filter_keeps_near_shortest_queues() -> None:
 def test_max_score_picker_keeps_the_current_replica_on_a_tie() -> None:
     picker = MaxScorePicker()
     pool = [cand("a"), cand("b")]
-    assert {picker.pick(ctx("b"), pool, [1.0, 1.0]).url for _ in range(4)} == {"b"}
-    assert {picker.pick(ctx(), pool, [1.0, 1.0]).url for _ in range(4)} == {"a", "b"}
+    kept = [picker.pick(ctx("b", turn=t), pool, [1.0, 1.0]) for t in range(4)]
+    assert {(p.candidate.url, p.turned) for p in kept} == {("b", False)}
+    # Other ties rotate: the turn the policy passes in says whose it is.
+    rotated = [picker.pick(ctx(turn=t), pool, [1.0, 1.0]) for t in range(4)]
+    assert [p.candidate.url for p in rotated] == ["b", "a", "b", "a"]
+    assert all(p.turned for p in rotated)
+    assert picker.pick(ctx(turn=1), pool, [2.0, 1.0]).candidate.url == "a"
 
 
 def busy(waiting: float, kv: float = 0.2) -> ReplicaMetrics:
@@ -115,8 +116,12 @@ async def test_sticky_cost_keeps_a_long_session_through_a_short_queue(
 ) -> None:
     pool = static_pool([0, 0])
     a, b = pool.replicas
-    policy = CostAwareStickyPolicy(
-        assignments, COST, typical_prefill_tokens=500, typical_output_tokens=100
+    policy = make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
     )
     first = await policy.choose("t", "s", pool, hints=RouteHints(prompt_tokens=1000))
     assert first.reason == "new"
@@ -138,8 +143,13 @@ async def test_sticky_cost_hysteresis_stops_a_session_bouncing(
 ) -> None:
     pool = static_pool([0, 0])
     a, b = pool.replicas
-    policy = CostAwareStickyPolicy(
-        assignments, COST, typical_prefill_tokens=500, typical_output_tokens=100, hysteresis=0.5
+    policy = make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
+        hysteresis=0.5,
     )
     await assignments.set_assignment("t", "s", a.url, expected=None, ttl_s=60)
     hints = RouteHints(prompt_tokens=2100, cached_prefix_tokens=2000)  # ~2 s of prefill
@@ -157,8 +167,12 @@ async def test_sticky_cost_hysteresis_stops_a_session_bouncing(
 async def test_sticky_cost_new_sessions_go_where_they_fit(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0, 0])
     a, b, c = pool.replicas
-    policy = CostAwareStickyPolicy(
-        assignments, COST, typical_prefill_tokens=500, typical_output_tokens=100
+    policy = make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
     )
     # Equal short queues; c has the most free KV. b has a long queue despite free KV.
     a.metrics, b.metrics, c.metrics = busy(0, kv=0.7), busy(20, kv=0.0), busy(0, kv=0.1)
@@ -174,8 +188,12 @@ async def test_sticky_cost_sends_a_fork_to_its_parent_and_an_agent_to_its_prefix
     assignments: AssignmentStore,
 ) -> None:
     pool = static_pool([0, 0, 0])
-    policy = CostAwareStickyPolicy(
-        assignments, COST, typical_prefill_tokens=500, typical_output_tokens=100
+    policy = make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
     )
     for r in pool.replicas:
         r.metrics = busy(0)
@@ -205,6 +223,6 @@ def test_presets_are_consistent() -> None:
 
 def test_make_policy_builds_sticky_cost_with_a_cost_model(assignments: AssignmentStore) -> None:
     policy = make_policy("sticky_cost", assignments=assignments, cost=COST)
-    assert isinstance(policy, CostAwareStickyPolicy) and policy.cost is COST
+    assert isinstance(policy, AssignedSessionPolicy) and policy.knobs.cost is COST
     with pytest.raises(ValueError, match="needs a cost model"):
         make_policy("sticky_cost", assignments=assignments)

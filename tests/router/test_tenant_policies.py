@@ -1,11 +1,6 @@
-from router import (
-    LeastLoadedPolicy,
-    RoundRobinPolicy,
-    StickyPolicy,
-    TenantPolicies,
-    make_tenant_policy,
-)
-from router.policies import CostAwareStickyPolicy
+from __future__ import annotations
+
+from router import Decision, TenantPolicies, make_policy, make_tenant_policy
 from tests.router.support import static_pool
 
 
@@ -19,7 +14,7 @@ class NoAssignments:
 
 async def test_each_tenant_is_routed_by_its_own_policy() -> None:
     pool = static_pool([5, 5, 0])
-    policy = TenantPolicies(LeastLoadedPolicy(), {"rr": RoundRobinPolicy()})
+    policy = TenantPolicies(make_policy("least_loaded"), {"rr": make_policy("round_robin")})
     rr = [(await policy.choose("rr", "s", pool)).replica.url for _ in range(3)]
     assert len(set(rr)) == 3
     least = {(await policy.choose("other", "s", pool)).replica.url for _ in range(3)}
@@ -28,7 +23,7 @@ async def test_each_tenant_is_routed_by_its_own_policy() -> None:
 
 def test_one_policy_unless_tenants_name_others() -> None:
     options = {"assignments": NoAssignments()}
-    assert isinstance(make_tenant_policy("sticky", {}, **options), StickyPolicy)
+    assert make_tenant_policy("sticky", {}, **options).name == "sticky"
     policy = make_tenant_policy(
         "sticky", {"a": "round_robin", "b": "round_robin", "c": "sticky"}, **options
     )
@@ -47,5 +42,32 @@ def test_the_cached_prefix_hint_is_read_when_any_tenant_needs_it() -> None:
         assignments=NoAssignments(),
         cost=get_preset("cpu-tiny"),
     )
-    assert isinstance(policy.policy_for("a"), CostAwareStickyPolicy)
+    assert policy.policy_for("a").name == "sticky_cost"
     assert policy.uses_cached_prefix
+
+
+async def test_tenant_policies_compose_any_routing_policy_through_its_public_api() -> None:
+    pool = static_pool([0, 0])
+
+    class Fixed:
+        """A RoutingPolicy of its own: always the second replica."""
+
+        name = "fixed"
+        uses_cached_prefix = True
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+
+        def policy_for(self, tenant: str) -> Fixed:
+            return self
+
+        async def choose(self, tenant, session, pool, exclude=(), hints=None) -> Decision:
+            self.calls.append((tenant, session, tuple(exclude)))
+            return Decision(pool.replicas[1], "fixed")
+
+    fixed = Fixed()
+    policy = TenantPolicies(make_policy("round_robin"), {"f": fixed})
+    assert policy.uses_cached_prefix
+    d = await policy.choose("f", "s", pool, exclude=["x"])
+    assert (d.replica, d.reason, fixed.calls) == (pool.replicas[1], "fixed", [("f", "s", ("x",))])
+    assert (await policy.choose("other", "s", pool)).reason == "round_robin"

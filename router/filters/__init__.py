@@ -1,0 +1,2 @@
+"""Routing filters (``router.parts.Filter``), one per module, registered in
+``router.registry``."""

@@ -1,0 +1,108 @@
+"""What a routing decision sees: the request's hints, a snapshot of each replica, and what
+the policy around the decision read about the session. Plain frozen values, so a decision
+over them is a pure function."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.replica import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class RouteHints:
+    """What the gateway knows about a request beyond its session id.
+
+    ``prompt_tokens``: the rendered prompt's tokens. ``cached_prefix_tokens``: how much of
+    the session's prompt its replica holds, from the store's per-session accounting (the
+    previous request's prompt); None when unknown. ``prefix_key``: names a prefix other
+    sessions share (a digest of tenant, tools and system prompt: the same agent), of
+    ``prefix_tokens`` tokens. ``parent_session``: the session this one was forked from.
+    ``assignment_read``: the caller read the session's assignment (``assignment``) with its
+    own store read and writes the chosen replica back with its own store write, so a sticky
+    policy neither reads nor writes it (the gateway shares those round trips with the
+    session's history).
+    """
+
+    prompt_tokens: int = 0
+    cached_prefix_tokens: int | None = None
+    prefix_key: str | None = None
+    prefix_tokens: int = 0
+    parent_session: str | None = None
+    assignment: str | None = None
+    assignment_read: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica as the scorers see it: a snapshot, not the live object."""
+
+    url: str
+    running: float
+    waiting: float
+    in_flight: int
+    kv_usage: float | None
+    bound_sessions: int
+
+    @property
+    def load(self) -> float:
+        """Scraped running + waiting plus this gateway's in-flight requests (Replica.load)."""
+        return self.running + self.waiting + self.in_flight
+
+    @property
+    def queued(self) -> float:
+        """Requests ahead of a new one: the scraped queue, plus in-flight requests the last
+        scrape cannot have seen yet (more in flight than the engine held)."""
+        return self.waiting + max(0.0, self.in_flight - self.running - self.waiting)
+
+
+def snapshot(replica: Replica, bound_sessions: int = 0) -> Candidate:
+    """The replica's latest scrape and in-flight count, with the sessions bound to it."""
+    m = replica.metrics
+    return Candidate(
+        url=replica.url,
+        running=m.running if m is not None else 0.0,
+        waiting=m.waiting if m is not None else 0.0,
+        in_flight=replica.in_flight,
+        kv_usage=m.kv_cache_usage if m is not None else None,
+        bound_sessions=bound_sessions,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """One request as the filters, scorers and picker see it."""
+
+    tenant: str
+    session: str
+    hints: RouteHints
+    current: str | None = None  # the session's assigned replica, when usable
+    parent_home: str | None = None  # where the parent session is assigned
+    prefix_home: str | None = None  # where the shared prefix was last served
+    # How many turns the profile's rotation has taken: pickers that rotate over ties
+    # start from it (the policy keeps the count; the picker only reads it).
+    turn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    """Everything one decision depends on.
+
+    ``candidates``: the replicas the request may go to (routable, not excluded), as
+    snapshots. ``replicas``: every replica URL in the pool and ``exclude`` the URLs failover
+    already tried, to tell why an assigned replica cannot keep its session. ``assignment``:
+    the session's replica as read from the store (None for a new session, or for a policy
+    that keeps none). ``turns``: each rotation's count of turns taken so far.
+    """
+
+    tenant: str
+    session: str
+    hints: RouteHints
+    candidates: tuple[Candidate, ...]
+    replicas: frozenset[str]
+    exclude: frozenset[str] = frozenset()
+    assignment: str | None = None
+    parent_home: str | None = None
+    prefix_home: str | None = None
+    turns: Mapping[str, int] = field(default_factory=dict)

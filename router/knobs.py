@@ -1,0 +1,47 @@
+"""The routing knobs and their one default each: the gateway's config, the policies and
+the simulator all take these.
+
+``REHOME_MARGIN``: 8.0 is what the gateway and the simulator have always run with (the
+gateway's config default); the router's own 4.0 reached only policies built without a
+margin (tests, the overhead bench). ``ASSIGNMENT_TTL_S``: how long a session's replica
+assignment outlives its last request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.cost import CostModel
+
+REHOME_MARGIN = 8.0
+ASSIGNMENT_TTL_S = 3600.0
+
+
+class MissingKnob(ValueError):
+    """A part needs a knob that has no default (its message says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """What the parts of a policy are built with (each part's ``from_knobs``).
+
+    ``rehome_margin``: the sticky policy's affinity bonus, in requests of load.
+    ``cost``: the replicas' cost model, which ``sticky_cost`` prices moves with.
+    ``typical_prefill_tokens`` and ``typical_output_tokens``: one queued request's work,
+    for queue waits. ``hysteresis`` and ``min_gain_s``: how clearly a priced move must win.
+    ``new_session_slack_s``: how far above the shortest queue wait a new session may go;
+    None: one typical request's prefill, the granularity the queue estimate has anyway.
+    """
+
+    rehome_margin: float = REHOME_MARGIN
+    cost: CostModel | None = None
+    typical_prefill_tokens: int = 2048
+    typical_output_tokens: int = 256
+    hysteresis: float = 0.25
+    min_gain_s: float = 0.05
+    new_session_slack_s: float | None = None
+
+    def cost_model(self) -> CostModel:
+        if self.cost is None:
+            raise MissingKnob("a cost model")
+        return self.cost

@@ -1,0 +1,2 @@
+"""Routing pickers (``router.parts.Picker``), one per module, registered in
+``router.registry``."""

@@ -1,0 +1,117 @@
+"""The registration table: every routing part by name, and every policy as a composition
+of parts.
+
+Adding a part is one module under ``router.filters``, ``router.scorers`` or
+``router.pickers`` (a class with ``from_knobs`` and ``filter``, ``score`` or ``pick``)
+and one entry below; a policy names the parts it runs. Policies (config names):
+
+- ``round_robin``: no scorers; the picker rotates over the candidates.
+- ``least_loaded``: the load scorer; lowest load wins, ties rotate.
+- ``sticky``: new sessions go to the least loaded replica; a bound session's replica gets
+  an affinity bonus of ``rehome_margin`` requests, so the session moves only when its
+  replica is unusable or busier than the least-loaded one by more than the margin,
+  whatever its cached prefix is worth.
+- ``sticky_cost``: prices a move. All its scorers speak seconds of expected delay saved
+  (llm-d's normalised [0, 1] scores cannot compare a queue with a cached prefix): queue
+  wait (from scraped waiting/running and KV usage) against re-prefilling the session's
+  cached prefix elsewhere (its size from the store's per-session accounting, in
+  `RouteHints`), plus a prefix scorer for replicas holding the same agent's system prompt
+  or a forked session's parent; a move must win by a hysteresis margin. New sessions go
+  where they fit best: among replicas whose queue wait is near the shortest, the most free
+  KV and fewest bound sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from router.filters.queue_slack import QueueSlackFilter
+from router.knobs import Knobs
+from router.parts import Filter, Picker, Profile, Scorer, Weighted
+from router.pickers.max_score import MaxScorePicker
+from router.pickers.round_robin import RoundRobinPicker
+from router.scorers.affinity import AffinityBonusScorer
+from router.scorers.cached_prefix import CachedPrefixScorer
+from router.scorers.fit import FitScorer
+from router.scorers.load import LoadScorer
+from router.scorers.prefix import PrefixScorer
+from router.scorers.queue_wait import QueueWaitScorer
+
+FILTERS: dict[str, Callable[[Knobs], Filter]] = {
+    "queue_slack": QueueSlackFilter.from_knobs,
+}
+SCORERS: dict[str, Callable[[Knobs], Scorer]] = {
+    "load": LoadScorer.from_knobs,
+    "affinity": AffinityBonusScorer.from_knobs,
+    "queue_wait": QueueWaitScorer.from_knobs,
+    "cached_prefix": CachedPrefixScorer.from_knobs,
+    "prefix": PrefixScorer.from_knobs,
+    "fit": FitScorer.from_knobs,
+}
+PICKERS: dict[str, Callable[[Knobs], Picker]] = {
+    "max_score": MaxScorePicker.from_knobs,
+    "round_robin": RoundRobinPicker.from_knobs,
+}
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """One filter -> score -> pick pass by part names; scorers with their weights."""
+
+    scorers: tuple[tuple[str, float], ...] = ()
+    picker: str = "max_score"
+    filters: tuple[str, ...] = ()
+    rotation: str = "new"  # the turn count its picker's tie-breaks read
+
+    def build(self, knobs: Knobs) -> Profile:
+        return Profile(
+            scorers=tuple(Weighted(SCORERS[name](knobs), weight) for name, weight in self.scorers),
+            picker=PICKERS[self.picker](knobs),
+            filters=tuple(FILTERS[name](knobs) for name in self.filters),
+            rotation=self.rotation,
+        )
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy: the profile a request without a usable assignment runs (every request,
+    for a policy that keeps none), and the one a session bound to a usable replica runs.
+
+    ``bound``: None for a policy that keeps no session -> replica assignment.
+    ``moved_reason``: what a move the bound profile chose is logged and counted under.
+    ``shared_prefixes``: the policy remembers where each shared prefix was served and looks
+    up a forked session's parent, for its prefix scorer.
+    ``uses_cached_prefix``: `RouteHints.cached_prefix_tokens` matters to it (the gateway
+    reads the session's accounting for it only then).
+    """
+
+    new: ProfileSpec
+    bound: ProfileSpec | None = None
+    moved_reason: str = ""
+    shared_prefixes: bool = False
+    uses_cached_prefix: bool = False
+
+
+POLICIES: dict[str, PolicySpec] = {
+    "round_robin": PolicySpec(new=ProfileSpec(picker="round_robin")),
+    "least_loaded": PolicySpec(new=ProfileSpec(scorers=(("load", 1.0),))),
+    # Both profiles take one rotation's turns: a session moved by load continues the turns
+    # new sessions take.
+    "sticky": PolicySpec(
+        new=ProfileSpec(scorers=(("load", 1.0),), rotation="sessions"),
+        bound=ProfileSpec(scorers=(("load", 1.0), ("affinity", 1.0)), rotation="sessions"),
+        moved_reason="overloaded",
+    ),
+    "sticky_cost": PolicySpec(
+        new=ProfileSpec(filters=("queue_slack",), scorers=(("fit", 1.0), ("prefix", 1.0))),
+        bound=ProfileSpec(
+            scorers=(("queue_wait", 1.0), ("cached_prefix", 1.0), ("prefix", 1.0)),
+            rotation="bound",
+        ),
+        moved_reason="queue_cost",
+        shared_prefixes=True,
+        uses_cached_prefix=True,
+    ),
+}
+POLICY_NAMES: tuple[str, ...] = tuple(sorted(POLICIES))

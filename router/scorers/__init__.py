@@ -1,0 +1,2 @@
+"""Routing scorers (``router.parts.Scorer``), one per module, registered in
+``router.registry``."""
