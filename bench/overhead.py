@@ -255,8 +255,9 @@ def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
     # Short: Ray's unix socket paths below this folder must stay under 108 bytes.
     ray_tmp = tmp / "r"
     ray_tmp.mkdir(exist_ok=True)
+    haproxy_stats, haproxy_metrics = free_ports(2)
     return {
-        **fast_path_env(move_ports=True),
+        **fast_path_env(haproxy_ports=(haproxy_stats, haproxy_metrics)),
         "RAY_TMPDIR": str(ray_tmp),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
     }

@@ -39,11 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.overhead import request_bodies, synthetic_session
 from gateway.config import GatewayConfig
 from loadtests.fake_upstream import FakeUpstream
+from loadtests.local_servers import RedisServer, running_gateway
 from store.base import SessionStore
 from store.redis_store import RedisStore
 from store.sqlite_store import SQLiteStore
-from tests.gateway.conftest import running_gateway
-from tests.store.redis_server import RedisServer
 
 SETTLE_S = 0.05
 
