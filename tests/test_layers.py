@@ -7,7 +7,7 @@ module, else ``a.b``). Each module belongs to the area of its longest matching p
 
     area               modules                                    may import (besides itself)
     ground             gateway.transcript gateway.lru             -
-                       gateway.tokens
+                       gateway.tokens gateway.sse
     dialects           gateway.dialects                           ground
     store              store                                      ground dialects
     fold               gateway.fold                               ground dialects store
@@ -73,7 +73,7 @@ def _plug_point(index: int, module: str) -> Area:
 
 
 AREAS: tuple[Area, ...] = (
-    Area("ground", ("gateway.transcript", "gateway.lru", "gateway.tokens"), ()),
+    Area("ground", ("gateway.transcript", "gateway.lru", "gateway.tokens", "gateway.sse"), ()),
     _plug_point(0, "gateway.dialects"),
     _plug_point(1, "store"),
     _plug_point(2, "gateway.fold"),
