@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from deploy.cpu.replicas import DEFAULT_MODEL_DIR, VLLM_VENV
+from deploy.cpu.vllm_server import DEFAULT_MODEL_DIR, VLLM_VENV
 from loadtests.plan import Profile
 
 # (column, heading, format) of the main table.
