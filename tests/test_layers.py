@@ -1,6 +1,7 @@
 """The import layers: which part of foldgate may import which.
 
-Every ``.py`` file under the shipped folders and ``tests/`` is parsed with ``ast``; every
+Every ``.py`` file under the shipped folders (gateway, store, router, offline, loadtests,
+bench, deploy, examples, scripts) and ``tests/`` is parsed with ``ast``; every
 import counts, at module level or inside a function, ``TYPE_CHECKING`` blocks included. An
 import names the module it reads from (``from a.b import c`` reads ``a.b.c`` when that is a
 module, else ``a.b``). Each module belongs to the area of its longest matching prefix:
@@ -26,6 +27,7 @@ module, else ``a.b``). Each module belongs to the area of its longest matching p
                                                                   upstream request path deploy
                                                                   offline.importers
     bench              bench                                      every area but tests
+    scripts            scripts                                    every area but tests
     examples           examples                                   -
     tests              tests                                      every area
 
@@ -33,9 +35,10 @@ The plug points follow the pipeline (dialects -> store -> fold -> router -> upst
 imports the ground floor and earlier plug points, never a later one nor the request path.
 The request path (``gateway.steps``, ``gateway.pipeline``, ``gateway.app``, ``gateway.serve*``
 and the other gateway modules) never imports the tools (deploy, offline, loadtests, bench).
-``deploy`` launches vLLM replicas for the tools; ``offline``, ``loadtests`` and ``bench`` stay
-apart from each other (loadtests reads traces through ``offline.importers``). Nothing but
-``tests`` imports ``tests``, and an example is what a user writes: it imports no foldgate.
+``deploy`` launches vLLM replicas for the tools. ``offline`` and ``loadtests`` stay apart
+(loadtests reads traces through ``offline.importers`` only); ``bench`` and ``scripts`` may use
+anything but ``tests``. Nothing but ``tests`` imports ``tests``, and an example is what a user
+writes: it imports no foldgate.
 
 Two more rules hold everywhere, tests included: no module imports a private (``_name``) name
 of another module (``from x import _y``), nor reads one through an imported module
@@ -53,7 +56,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The folders whose files are checked; a top-level name here is a project package.
-PACKAGES = ("gateway", "store", "router", "offline", "loadtests", "bench", "deploy", "examples")
+PACKAGES = (
+    *("gateway", "store", "router", "offline", "loadtests", "bench", "deploy", "examples"),
+    "scripts",
+)
 CHECKED = (*PACKAGES, "tests")
 
 PLUG_POINTS = ("dialects", "store", "fold", "router", "upstream")
@@ -85,6 +91,7 @@ AREAS: tuple[Area, ...] = (
     Area("offline", ("offline",), (*SERVING, "deploy", "offline.importers")),
     Area("loadtests", ("loadtests",), (*SERVING, "deploy", "offline.importers")),
     Area("bench", ("bench",), ("every area but tests",)),
+    Area("scripts", ("scripts",), ("every area but tests",)),
     Area("examples", ("examples",), ()),
     Area("tests", ("tests",), (EVERY_AREA,)),
 )
@@ -185,11 +192,17 @@ def imports_of(source: str, path: str, importer: str, modules: set[str]) -> Iter
                     aliases[alias.asname or alias.name] = submodule
                 else:
                     yield Import(path, node.lineno, importer, base, alias.name)
+    # A name also bound by an assignment or a parameter may be something else where it is read.
+    rebound = {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    rebound |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
             and node.value.id in aliases
+            and node.value.id not in rebound
         ):
             yield Import(path, node.lineno, importer, aliases[node.value.id], node.attr)
 
@@ -330,6 +343,7 @@ def test_the_checker_finds_private_names(tmp_path: Path) -> None:
                 "import router.cost as cost\n"
                 "from . import cost as c2\n"
                 "x = cost._own() or c2._own()\n"
+                "def f(router):\n    return router._state\n"
             ),
         },
     )
