@@ -2,7 +2,7 @@
 
 The gateway runs as ``foldgate serve`` (uvicorn, SQLite store) in a subprocess in front of
 the FAKE instant upstream (``loadtests/fake_upstream.py``). Each of ``--sessions`` sessions
-sends ``--requests`` requests of ``bench/overhead.py``'s synthetic agent session, growing to
+sends ``--requests`` requests of ``bench/workload.py``'s synthetic agent session, growing to
 about ``--kb`` KB; every session's tool outputs carry its own tag, so no two sessions share
 text. RSS (``VmRSS`` of the gateway process) is read after a warm-up session and after all
 sessions; the gateway's own cache-eviction counters are read from ``/metrics``. The caches'
@@ -30,14 +30,8 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.overhead import (
-    TOOLS,
-    gateway_argv,
-    post,
-    process,
-    synthetic_session,
-    wait_ready,
-)
+from bench.harness import gateway_argv, post, process, wait_ready
+from bench.workload import TOOLS, synthetic_session
 from deploy.cpu.replicas import free_ports
 
 STEPS = 16

@@ -43,235 +43,46 @@ import argparse
 import asyncio
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
 
 import aiohttp
-import orjson
 from rich.console import Console
 from rich.table import Table
 
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import (
+    ROOT,
+    gateway_argv,
+    gateway_env,
+    post,
+    process,
+    tree_cpu_seconds,
+    wait_ready,
+)
+from bench.stages import print_stages, stage_times
+from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
-from gateway.config import GatewayConfig
-from gateway.dialects.openai_chat import OPENAI_CHAT
-from gateway.pipeline import Pipeline
-from gateway.serve_ray import fast_path_env
-from gateway.steps.ingest import commit
-from gateway.upstream import UpstreamClient
-from router import ReplicaPool, make_policy
-from store import open_store
 
-ROOT = Path(__file__).resolve().parent.parent
-FOLDGATE = Path(sys.executable).parent / "foldgate"
 # Issue 10's aims for the added latency at a ~32k-token history (p50, "full" column).
 AIM_MS = {"uvicorn": 1.0, "ray": 1.5}
-START_TIMEOUT_S = 120.0
 THIS_TREE, BASELINE, RELAY = "this tree", "baseline", "plain relay"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-Msg = dict[str, Any]
-
-# Tool outputs look like what coding agents read: numbered source lines, test logs, diffs.
-WORDS = [
-    *("def", "class", "return", "import", "self", "value", "result", "error", "assert"),
-    *("config", "request", "session", "token", "message", "render", "store", "replica"),
-    *("stream", "chunk", "append", "index", "items", "len", "None", "True"),
-]
-
-
-def source_text(rng: random.Random, size: int) -> str:
-    lines: list[str] = []
-    used = 0
-    while used < size:
-        indent = "    " * rng.randint(0, 3)
-        line = f"{len(lines) + 1:6d}\t{indent}{' '.join(rng.choices(WORDS, k=rng.randint(3, 12)))}"
-        lines.append(line)
-        used += len(line) + 1
-    return "\n".join(lines)
-
-
-def synthetic_session(steps: int, total_kb: int, seed: int = 0) -> list[Msg]:
-    """System + task, then ``steps`` assistant tool calls each followed by its output."""
-    rng = random.Random(seed)
-    per_step = max(64, total_kb * 1024 // steps - 120)
-    messages: list[Msg] = [
-        {"role": "system", "content": f"{uuid.UUID(int=rng.getrandbits(128))} coding agent."},
-        {"role": "user", "content": "The tests in tests/test_store.py fail; fix the bug."},
-    ]
-    for step in range(steps):
-        command = rng.choice(["cat -n", "pytest -q", "grep -rn value", "sed -n 1,200p"])
-        call_id = f"call_{step}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": "bash",
-                            "arguments": json.dumps({"cmd": f"{command} src/mod{step % 9}.py"}),
-                        },
-                    }
-                ],
-            }
-        )
-        messages.append(
-            {"role": "tool", "tool_call_id": call_id, "content": source_text(rng, per_step)}
-        )
-    return messages
-
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-        },
-    }
-]
-
-
-def request_bodies(messages: list[Msg], steps: int) -> list[bytes]:
-    """Request t (1-based) ends with the output of tool step t; encoded once, sent as is."""
-    return [
-        json.dumps(
-            {
-                "model": "fake-model",
-                "messages": messages[: 2 + 2 * t],
-                "tools": TOOLS,
-                "stream": True,
-                "max_tokens": 64,
-            }
-        ).encode()
-        for t in range(1, steps + 1)
-    ]
 
 
 # -- processes ---------------------------------------------------------------------------
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User+system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces; fields resume after its closing bracket.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += times.get(pid, 0.0)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return total
-
-
-@contextmanager
-def process(
-    argv: Sequence[str], log: Path, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen]:
-    """Run ``argv`` in its own process group; SIGTERM (then SIGKILL) that group at exit."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=ROOT,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        # Ray's own children may outlive the driver for a moment.
-        signal_group(proc.pid, signal.SIGKILL)
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    with suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-async def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{url} exited during start:\n{log_tail(log)}")
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.25)
-    raise RuntimeError(f"{url} not ready after {START_TIMEOUT_S:.0f} s:\n{log_tail(log)}")
-
-
-def log_tail(log: Path, lines: int = 30) -> str:
-    """The end of a child's log (the temp folder holding it is gone once the run fails)."""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[str]:
-    argv = [str(FOLDGATE), "serve", "--port", str(port), "--replica", upstream]
-    argv += ["--store", store_url]
-    return [*argv, "--ray"] if mode == "ray" else argv
-
-
-def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
-    if mode != "ray":
-        return {}
-    # Short: Ray's unix socket paths below this folder must stay under 108 bytes.
-    ray_tmp = tmp / "r"
-    ray_tmp.mkdir(exist_ok=True)
-    return {
-        **fast_path_env(move_ports=True),
-        "RAY_TMPDIR": str(ray_tmp),
-        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
-    }
-
-
 # -- measurements -------------------------------------------------------------------------
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> float:
-    started = time.perf_counter()
-    async with http.post(url, data=body, headers=headers) as resp:
-        await resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"{url} answered {resp.status}")
-    return time.perf_counter() - started
 
 
 def p99(samples: list[float]) -> float:
@@ -411,74 +222,6 @@ async def run_mode(
                     row |= await throughput(url, pid, bodies, strategy, args.sessions)
                 rows.append(row)
     return rows
-
-
-async def stage_times(
-    bodies: list[bytes], strategy: str, bucket: int, tmp: Path
-) -> dict[str, dict[str, float]]:
-    """Per-step CPU time of each pipeline step, median over the small and full buckets."""
-    config = GatewayConfig(store_url=f"sqlite:///{tmp}/stages-{strategy}.db", strategy=strategy)
-    store = open_store(config.store_url)
-    policy = make_policy("sticky", assignments=store)
-    # The pool and the upstream client are never used: nothing here leaves the process.
-    pool = ReplicaPool(("http://127.0.0.1:9",))
-    pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
-    session = f"stages-{uuid.uuid4()}"
-    headers = {config.session_header: session}
-    times: dict[str, list[float]] = {}
-
-    def lap(name: str, started: float) -> float:
-        now = time.perf_counter()
-        times.setdefault(name, []).append(now - started)
-        return now
-
-    try:
-        for raw in bodies:
-            t = time.perf_counter()
-            body = orjson.loads(raw)
-            t = lap("parse body", t)
-            # As the app does: only what the session's previous request lacked is decoded.
-            decoded = await pipeline.decode(OPENAI_CHAT, body, headers)
-            t = lap("decode + raw token estimate", t)
-            prepared = await pipeline.prepare(decoded, body, headers)
-            t = lap("ingest: read (store lookup)", t)
-            rendered, _ = pipeline.render(prepared)
-            t = lap("render + token estimate", t)
-            orjson.dumps(pipeline.forward.body(prepared, rendered))
-            t = lap("encode upstream body", t)
-            stored = await commit(store, prepared, None)
-            pipeline.render.keep(prepared)  # as after an upstream accepted the request
-            t = lap("ingest: write (store)", t)
-            await store.add_counts(
-                "default", session, stored.branch_id, {"requests": 1}, token=uuid.uuid4().hex
-            )
-            lap("account (counter increments)", t)
-    finally:
-        await store.close()
-    ms = 1000.0
-    return {
-        name: {"small": median(v[:bucket]) * ms, "full": median(v[-bucket:]) * ms}
-        for name, v in times.items()
-    }
-
-
-def print_stages(stages: dict[str, dict[str, dict[str, float]]]) -> None:
-    table = Table(title="gateway time per request by step (in process, wall ms, median)")
-    table.add_column("step")
-    for strategy in stages:
-        table.add_column(f"{strategy} small", justify="right")
-        table.add_column(f"{strategy} full", justify="right")
-    names = next(iter(stages.values()))
-    for name in [*names, "total"]:
-        cells = []
-        for per_step in stages.values():
-            for size in ("small", "full"):
-                if name == "total":
-                    cells.append(f"{sum(v[size] for v in per_step.values()):.3f}")
-                else:
-                    cells.append(f"{per_step[name][size]:.3f}")
-        table.add_row(name, *cells)
-    Console(width=160).print(table)
 
 
 def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

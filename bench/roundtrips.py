@@ -1,7 +1,7 @@
 """Store round trips per request: what one ordinary request costs the session store.
 
 A gateway (uvicorn, in this process) in front of the FAKE instant upstream
-(``loadtests/fake_upstream.py``) serves one synthetic agent session (``bench/overhead.py``'s
+(``loadtests/fake_upstream.py``) serves one synthetic agent session (``bench/workload.py``'s
 workload) request by request, on each store backend. Every store method call is counted by
 name, and so is every real round trip to the backend: an SQLite transaction (one job on the
 store's worker thread) or a Redis command or pipeline sent. Accounting runs after the reply
@@ -36,15 +36,14 @@ from rich.table import Table
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.overhead import request_bodies, synthetic_session
+from bench.workload import request_bodies, synthetic_session
 from gateway.config import GatewayConfig
 from loadtests.fake_upstream import FakeUpstream
+from loadtests.local_servers import RedisServer, running_gateway
 from store import SessionStore
 from store.redis import RedisStore
 from store.sqlite import SQLiteStore
 from store.sqlite.database import SQLiteDatabase
-from tests.gateway.conftest import running_gateway
-from tests.store.redis_server import RedisServer
 
 SETTLE_S = 0.05
 

@@ -32,10 +32,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadtests.local_servers import RedisServer
 from offline.importers import Trajectory, load_trajectories
 from offline.replay import requests_of
 from store import SessionStore, open_store
-from tests.store.redis_server import RedisServer
 
 DEFAULT_NORM = Path(__file__).resolve().parent.parent / ".." / "shared" / "trajectories" / "norm"
 STEPS = (30, 300)

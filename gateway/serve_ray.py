@@ -16,7 +16,6 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
 
-from deploy.cpu.replicas import free_ports
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.gc_tuning import tune_for_serving
@@ -70,18 +69,18 @@ def build_app(args: dict[str, Any]) -> Application:
     return FoldgateIngress.bind()
 
 
-def fast_path_env(move_ports: bool = False) -> dict[str, str]:
+def fast_path_env(haproxy_ports: tuple[int, int] | None = None) -> dict[str, str]:
     """Environment for Serve's HAProxy ingress and throughput-optimized mode.
 
     Set it in ``os.environ`` before ``ray.init`` starts the cluster: Serve reads it at import
     in the controller and replica processes. Measured here (shared/notes/ray-serve.md):
-    about 1 ms through the ingress with it, 6-7 ms without. ``move_ports`` moves HAProxy's
-    fixed stats and metrics ports (8404, 9101) to free ones, so that several clusters (tests,
-    benchmarks) can run on one host.
+    about 1 ms through the ingress with it, 6-7 ms without. ``haproxy_ports`` (stats,
+    metrics) moves HAProxy's fixed ports (8404, 9101) to the given free ones, so that several
+    clusters (tests, benchmarks) can run on one host; the caller picks them.
     """
     env = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-    if move_ports:
-        stats, metrics = free_ports(2)
+    if haproxy_ports is not None:
+        stats, metrics = haproxy_ports
         env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats)
         env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics)
     return env

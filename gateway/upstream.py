@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.sse import DONE, SSEReader
 from router import UpstreamFailed
 
 
@@ -152,15 +153,15 @@ class ChatStream:
             yield raw
 
     async def _parse(self) -> AsyncIterator[dict[str, Any]]:
+        reader = SSEReader()
         try:
             async for raw in self._lines():
-                line = raw.strip()
-                if not line.startswith(b"data:"):
+                event = reader.line(raw)
+                if event is None:
                     continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+                if event.data == DONE:
                     return
-                chunk = orjson.loads(data)
+                chunk = orjson.loads(event.data)
                 if "error" in chunk:
                     raise UpstreamError(
                         f"upstream stream error: {chunk['error']}", retryable=False, body=chunk

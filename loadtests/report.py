@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from deploy.cpu.replicas import DEFAULT_MODEL_DIR, VLLM_VENV
+from deploy.cpu.vllm_server import DEFAULT_MODEL_DIR, VLLM_VENV
 from loadtests.plan import Profile
 from loadtests.report_answers import answers
 from loadtests.report_plots import plot_bars, plot_kv_usage, plot_steps

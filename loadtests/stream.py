@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.sse import DONE, SSEEvent, SSEReader
 from loadtests.sessions import Dialect
 
 
@@ -26,14 +27,11 @@ class ReplyStream:
         self.prompt_tokens: int | None = None
         self.cached_tokens: int | None = None
         self.completion_tokens: int | None = None
-        self._buffer = b""
-        self._event: str | None = None
+        self._reader = SSEReader()
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
-        while b"\n" in self._buffer:
-            raw, self._buffer = self._buffer.split(b"\n", 1)
-            self._line(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+        for event in self._reader.feed(data):
+            self._event(event)
 
     @property
     def problem(self) -> str | None:
@@ -46,17 +44,11 @@ class ReplyStream:
             return "stream carried no usage"
         return None
 
-    def _line(self, line: str) -> None:
-        if line.startswith("event:"):
-            self._event = line[6:].strip()
-            return
-        if not line.startswith("data:"):
-            return  # blank separators, comments
-        data = line[5:].strip()
-        event, self._event = self._event, None
-        if data == "[DONE]":
+    def _event(self, sse: SSEEvent) -> None:
+        if sse.data == DONE:
             self.done = True
             return
+        event, data = sse.event, sse.data.decode("utf-8", errors="replace")
         try:
             payload = json.loads(data)
         except json.JSONDecodeError:

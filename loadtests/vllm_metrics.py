@@ -3,20 +3,21 @@
 An experiment scrapes every replica before the load, every few seconds during it, and
 after it. Counters and histograms are read as differences between two scrapes (a cell's
 replicas are fresh, but the difference also excludes warm-up probes); gauges as a time
-series. Samples of one metric that differ only in labels (model, engine) are summed; the
-KV-cache usage fraction is averaged over engines and summed over replicas only as a mean.
+series. The page is read by ``router.metrics.parse_metrics_page`` (the router's parser):
+samples of one metric that differ only in labels (model, engine) are summed; the KV-cache
+usage fraction is averaged over engines and summed over replicas only as a mean.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from router.metrics import parse_metrics_page
 
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
@@ -90,32 +91,19 @@ class Scrape:
 
 
 def parse(url: str, text: str, at: float) -> Scrape:
-    values: dict[str, float] = defaultdict(float)
-    engines: dict[str, int] = defaultdict(int)
-    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if not s.name.startswith("vllm:") or math.isnan(s.value):
-                continue
-            base = s.name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-            if base in HISTOGRAMS:
-                if s.name.endswith("_bucket"):
-                    buckets[base][float(s.labels["le"])] += s.value
-                elif s.name.endswith("_sum"):
-                    sums[base] += s.value
-                elif s.name.endswith("_count"):
-                    counts[base] += s.value
-            elif s.name in COUNTERS or s.name in GAUGES:
-                values[s.name] += s.value
-                engines[s.name] += 1
-    if engines[KV_USAGE] > 1:
-        values[KV_USAGE] /= engines[KV_USAGE]
+    page = parse_metrics_page(text)
+    values = {name: page.totals[name] for name in (*COUNTERS, *GAUGES) if name in page.totals}
+    if KV_USAGE in values:
+        values[KV_USAGE] /= page.label_sets[KV_USAGE]
     histograms = {
-        name: Histogram(dict(buckets[name]), sums[name], counts[name]) for name in HISTOGRAMS
+        name: Histogram(
+            page.buckets.get(name, {}),
+            page.totals.get(f"{name}_sum", 0.0),
+            page.totals.get(f"{name}_count", 0.0),
+        )
+        for name in HISTOGRAMS
     }
-    return Scrape(url, at, dict(values), histograms)
+    return Scrape(url, at, values, histograms)
 
 
 def scrape(url: str, client: httpx.Client | None = None, timeout: float = 10.0) -> Scrape:

@@ -1,9 +1,11 @@
-"""Parse a vLLM `/metrics` page (Prometheus text format) into the few numbers routing needs.
+"""Parse a vLLM `/metrics` page (Prometheus text format): the one parser of that page.
 
-Both the V1 metric names and the legacy `gpu_` names are understood; when a page carries both
-(vLLM exported the old names for a while after renaming), the V1 name wins. Samples of one
-metric that differ only in labels (`model_name`, `engine`, ...) are summed, except the KV-cache
-usage fraction, which is averaged across engines because a sum of fractions means nothing.
+``parse_metrics_page`` reads every ``vllm:`` sample, summed over its labels, and every
+histogram's buckets; ``parse_vllm_metrics`` takes the few numbers routing needs from it
+(``loadtests.vllm_metrics`` takes an experiment's). Both the V1 metric names and the legacy
+`gpu_` names are understood; when a page carries both (vLLM exported the old names for a
+while after renaming), the V1 name wins. The KV-cache usage fraction is averaged across
+engines because a sum of fractions means nothing.
 """
 
 from __future__ import annotations
@@ -51,27 +53,61 @@ class ReplicaMetrics:
         return self.prefix_cache_hits / self.prefix_cache_queries
 
 
-def parse_vllm_metrics(text: str) -> ReplicaMetrics:
-    """Parse Prometheus exposition text from a vLLM replica.
+@dataclass(frozen=True)
+class MetricsPage:
+    """The ``vllm:`` samples of one page. Samples of one name that differ only in labels
+    (``model_name``, ``engine``, ...) are summed; a histogram's ``_bucket`` samples are kept
+    per upper bound instead (its ``_sum`` and ``_count`` are ordinary samples)."""
 
-    Raises MetricsParseError when the text is malformed or lacks the request gauges.
+    totals: dict[str, float]  # sample name -> sum over its label sets
+    label_sets: dict[str, int]  # sample name -> how many label sets (engines) it has
+    buckets: dict[str, dict[float, float]]  # histogram name -> upper bound -> count
+
+    def total(self, name: str) -> float | None:
+        return self.totals.get(name)
+
+    def mean(self, name: str) -> float | None:
+        """The mean over label sets: for fractions, which mean nothing summed."""
+        return self.totals[name] / self.label_sets[name] if name in self.totals else None
+
+
+def parse_metrics_page(text: str) -> MetricsPage:
+    """Read a Prometheus text page; non-finite samples are skipped.
+
+    Raises MetricsParseError when the text is malformed.
     """
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+    totals: dict[str, float] = defaultdict(float)
+    label_sets: dict[str, int] = defaultdict(int)
+    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if not sample.name.startswith("vllm:") or not math.isfinite(sample.value):
                     continue
-                sums[sample.name] += sample.value
-                counts[sample.name] += 1
+                if sample.name.endswith("_bucket") and "le" in sample.labels:
+                    bound = float(sample.labels["le"])
+                    buckets[sample.name.removesuffix("_bucket")][bound] += sample.value
+                    continue
+                totals[sample.name] += sample.value
+                label_sets[sample.name] += 1
     except ValueError as exc:
         raise MetricsParseError(f"malformed Prometheus text: {exc}") from exc
+    return MetricsPage(
+        dict(totals), dict(label_sets), {name: dict(b) for name, b in buckets.items()}
+    )
+
+
+def parse_vllm_metrics(text: str) -> ReplicaMetrics:
+    """Parse Prometheus exposition text from a vLLM replica.
+
+    Raises MetricsParseError when the text is malformed or lacks the request gauges.
+    """
+    page = parse_metrics_page(text)
 
     def first(names: tuple[str, ...], *, mean: bool = False) -> float | None:
         for name in names:
-            if counts[name]:
-                return sums[name] / counts[name] if mean else sums[name]
+            if name in page.totals:
+                return page.mean(name) if mean else page.total(name)
         return None
 
     running = first(_RUNNING)

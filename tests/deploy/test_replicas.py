@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy.cpu import processes
 from deploy.cpu import replicas as rp
+from deploy.cpu import vllm_server as vs
 from deploy.cpu.replicas import Replica, ReplicaError, parse_bytes, start_replicas
 
 
@@ -32,7 +34,7 @@ def test_parse_bytes_rejects(text: str) -> None:
 
 
 def test_server_command_carries_the_serving_flags() -> None:
-    cmd = rp.server_command(Path("/py"), Path("/m"), "tiny", 8123, 2**28, block_size=32)
+    cmd = vs.server_command(Path("/py"), Path("/m"), "tiny", 8123, 2**28, block_size=32)
     assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
     for flag in (
@@ -49,7 +51,7 @@ def test_server_command_carries_the_serving_flags() -> None:
 
 
 def test_server_env_pins_core_and_private_tmp(tmp_path: Path) -> None:
-    env = rp.server_env(3, tmp_path, base={"PYTHONPATH": "/gw", "HOME": "/root"})
+    env = vs.server_env(3, tmp_path, base={"PYTHONPATH": "/gw", "HOME": "/root"})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "3"
     assert env["TMPDIR"] == env["VLLM_RPC_BASE_PATH"] == str(tmp_path)
     assert env["HF_HUB_OFFLINE"] == "1" and env["HOME"] == "/root"
@@ -116,12 +118,12 @@ def test_log_tail_leads_with_the_root_cause(tmp_path: Path) -> None:
         + "  traceback line\n" * 50
         + "RuntimeError: Engine core initialization failed. See root cause above.\n"
     )
-    tail = rp.log_tail(log, lines=3)
+    tail = vs.log_tail(log, lines=3)
     lines = tail.splitlines()
     cause = "cause: (Worker) ERROR [utils.py:554] ValueError: No common block size for 16"
     assert lines[0] == cause
     assert lines[-1].startswith("RuntimeError: Engine core") and len(lines) == 4
-    assert rp.log_tail(tmp_path / "missing.log").startswith("(no log: ")
+    assert vs.log_tail(tmp_path / "missing.log").startswith("(no log: ")
 
 
 def _spawn(tmp_path: Path, code: str) -> tuple[Replica, subprocess.Popen[bytes]]:
@@ -144,7 +146,7 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     started = time.monotonic()
     rp.stop_replica(replica, proc, grace_s=0.5)
     assert proc.returncode == -9 and time.monotonic() - started < 10
-    assert not rp.pid_alive(replica.pid)
+    assert not processes.pid_alive(replica.pid)
 
 
 def test_stop_by_record_spares_a_recycled_pid(tmp_path: Path) -> None:
@@ -159,7 +161,7 @@ def test_stop_by_record_spares_a_recycled_pid(tmp_path: Path) -> None:
 
 
 def test_tree_rss_counts_the_process(tmp_path: Path) -> None:
-    assert rp.tree_rss_bytes(os.getpid()) > 10 * 2**20
+    assert processes.tree_rss_bytes(os.getpid()) > 10 * 2**20
 
 
 def test_cli_status_and_stop_without_records(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

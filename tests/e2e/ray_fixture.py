@@ -22,14 +22,14 @@ def ray_serve_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Call
     import ray
     from ray import serve
 
-    (port,) = free_ports(1)
+    port, haproxy_stats, haproxy_metrics = free_ports(3)
     # A short temp path: Ray's unix socket paths must stay under 108 characters.
     temp_dir = tmp_path_factory.mktemp("ray")
     env = {
         "RAY_AUTH_MODE": "disabled",
         # Tests redeploy and shut down often: no 30 s load-balancer drain per replica.
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
-        **fast_path_env(move_ports=True),
+        **fast_path_env(haproxy_ports=(haproxy_stats, haproxy_metrics)),
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gateway.fold.protocol import reminder_text
 from gateway.fold.refold import ReFold
 from gateway.fold.renderer import RenderState, step_indices
-from gateway.fold.restore import restore_outputs
+from gateway.fold.restore import parse_restore_spec, restore_outputs
 from gateway.fold.spans import MIN_RUN_LINES, split_spans
 from gateway.transcript import Message, ToolCall, Transcript, text_message, tool_message
 from tests.fold.conftest import Turn, numbered, protocol, source_lines, text_history, tool_history
@@ -263,7 +263,9 @@ def test_reversibility_every_stub_and_note_restores_the_exact_original(case: Cas
         assert restore_outputs(case.history, case.state, n, n) == [(n, original)]
         body = unlabelled(n, text)
         if note := _NOTE.fullmatch(body):
-            first, last = int(note.group(1)), int(note.group(2) or note.group(1))
+            # the note's restore command, read by the gateway's own parser, names its steps
+            first, last = parse_restore_spec(note.group(3))
+            assert (int(note.group(1)), int(note.group(2) or note.group(1))) == (first, last)
             assert first == n and note.group(3) == (f"{first}-{last}" if last > first else str(n))
             restored = restore_outputs(case.history, case.state, first, last)
             assert [t for _, t in restored] == [texts[i][1] for i in range(first, last + 1)]

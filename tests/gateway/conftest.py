@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,37 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from gateway.app import create_app
+from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
-from gateway.http_server import uvicorn_config
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
+from loadtests.local_servers import running_gateway
 from store import open_store
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@asynccontextmanager
-async def running_gateway(config: GatewayConfig) -> AsyncIterator[str]:
-    """Serve ``create_app(config)`` with uvicorn until the block exits; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn_config(create_app(config), config, "127.0.0.1", port))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
 
 ROOT = Path(__file__).resolve().parents[2]
 # A loaded 2-core CI machine can take several seconds to import and start a gateway.
@@ -77,7 +51,7 @@ async def gateway_process(
     import the offline wing too); yields its URL and process once ``/health`` answers."""
     path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
     path.write_text(config_toml(config))
-    port = port or free_port()
+    port = port or free_ports(1)[0]
     serve = ["-c", "from gateway.serve import serve; serve()", f"--config={path}", f"--port={port}"]
     proc = subprocess.Popen(
         [sys.executable, *serve],

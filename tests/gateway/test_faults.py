@@ -26,10 +26,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.cpu.replicas import free_ports
 from gateway.config import DEFAULT_TENANT, GatewayConfig
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
-from tests.gateway.conftest import free_port, gateway_process, running_gateway, store_at
-from tests.store.redis_server import RedisServer
+from loadtests.local_servers import RedisServer, running_gateway
+from tests.gateway.conftest import gateway_process, store_at
 
 needs_redis_server = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs a local redis-server binary to kill"
@@ -342,7 +343,7 @@ async def test_sessions_continue_from_the_store_after_a_gateway_restart(redis_ur
     store_url = redis_url
     fake = await FakeUpstream().start()
     config = GatewayConfig(store_url=store_url, replicas=(fake.url,))
-    port = free_port()
+    (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     names = [f"restart-{uuid.uuid4().hex[:8]}-{d.path.rsplit('/', 1)[1]}" for d in DIALECTS]
     histories: dict[str, list[dict[str, Any]]] = {n: [] for n in names}

@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from router import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
+from router.metrics import parse_metrics_page
 
 # Shape of a vLLM 0.32 (V1 engine) /metrics page, trimmed: process metrics, histograms and
 # `_created` samples interleave with the gauges and counters the router reads.
@@ -149,3 +150,13 @@ def test_round_trip_through_prometheus_client(
     assert m.prefix_cache_hits == hits
     expected_rate = 0.5 if hits else None
     assert m.prefix_cache_hit_rate == expected_rate
+
+
+def test_the_page_keeps_histogram_buckets_apart_from_samples() -> None:
+    page = parse_metrics_page(V1_PAGE)
+    ttft = "vllm:time_to_first_token_seconds"
+    assert page.buckets[ttft] == {0.1: 30.0, float("inf"): 41.0}
+    assert page.total(f"{ttft}_sum") == 4.21
+    assert page.total(f"{ttft}_count") == 41.0
+    assert f"{ttft}_bucket" not in page.totals
+    assert page.total("python_gc_objects_collected_total") is None  # not vLLM's

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from loadtests.local_servers import RedisServer
 from store import StoreUnavailable, open_store
 from store.redis import RedisStore
 from tests.store.conftest import history, msg
-from tests.store.redis_server import RedisServer
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="needs a local redis-server binary to kill"

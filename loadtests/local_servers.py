@@ -1,19 +1,45 @@
-"""A throwaway ``redis-server`` process on a free port, for tests that need real Redis."""
+"""Throwaway local servers for tests and benchmarks: a ``redis-server`` process on a free
+port, and the gateway itself served by uvicorn in this process.
+
+They live here rather than in ``tests/`` because the benchmarks use them too, and nothing
+outside the tests imports ``tests``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import uvicorn
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from deploy.cpu.replicas import free_ports
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.http_server import uvicorn_config
+
+
+@asynccontextmanager
+async def running_gateway(config: GatewayConfig) -> AsyncIterator[str]:
+    """Serve ``create_app(config)`` with uvicorn until the block exits; yields its base URL."""
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn_config(create_app(config), config, "127.0.0.1", port))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 class RedisServer:
@@ -25,7 +51,7 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.binary = binary
         self.data_dir = data_dir
-        self.port = port or free_port()
+        self.port = port or free_ports(1)[0]
         self.extra = extra or ("--save", "", "--appendonly", "no")
         self.proc: subprocess.Popen[bytes] | None = None
 

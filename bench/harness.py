@@ -1,0 +1,132 @@
+"""The processes a benchmark runs (the fake upstream, ``foldgate serve`` on uvicorn or Ray
+Serve) and how it talks to them: start in a process group, wait for readiness, time a
+request, count a process tree's CPU seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import aiohttp
+
+from deploy.cpu.replicas import free_ports
+from gateway.serve_ray import fast_path_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDGATE = Path(sys.executable).parent / "foldgate"
+START_TIMEOUT_S = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User+system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces; fields resume after its closing bracket.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
+@contextmanager
+def process(
+    argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """Run ``argv`` in its own process group; SIGTERM (then SIGKILL) that group at exit."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Ray's own children may outlive the driver for a moment.
+        signal_group(proc.pid, signal.SIGKILL)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{url} exited during start:\n{log_tail(log)}")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"{url} not ready after {START_TIMEOUT_S:.0f} s:\n{log_tail(log)}")
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The end of a child's log (the temp folder holding it is gone once the run fails)."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[str]:
+    argv = [str(FOLDGATE), "serve", "--port", str(port), "--replica", upstream]
+    argv += ["--store", store_url]
+    return [*argv, "--ray"] if mode == "ray" else argv
+
+
+def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
+    if mode != "ray":
+        return {}
+    # Short: Ray's unix socket paths below this folder must stay under 108 bytes.
+    ray_tmp = tmp / "r"
+    ray_tmp.mkdir(exist_ok=True)
+    haproxy_stats, haproxy_metrics = free_ports(2)
+    return {
+        **fast_path_env(haproxy_ports=(haproxy_stats, haproxy_metrics)),
+        "RAY_TMPDIR": str(ray_tmp),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+    }
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> float:
+    started = time.perf_counter()
+    async with http.post(url, data=body, headers=headers) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}")
+    return time.perf_counter() - started

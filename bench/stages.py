@@ -1,0 +1,90 @@
+"""Where the gateway's CPU time goes per request (``bench/overhead.py --stages``): the
+pipeline's own steps called one by one, in this process, on an SQLite store.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from statistics import median
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from gateway.config import GatewayConfig
+from gateway.dialects.openai_chat import OPENAI_CHAT
+from gateway.pipeline import Pipeline
+from gateway.steps.ingest import commit
+from gateway.upstream import UpstreamClient
+from router import ReplicaPool, make_policy
+from store import open_store
+
+
+async def stage_times(
+    bodies: list[bytes], strategy: str, bucket: int, tmp: Path
+) -> dict[str, dict[str, float]]:
+    """Per-step CPU time of each pipeline step, median over the small and full buckets."""
+    config = GatewayConfig(store_url=f"sqlite:///{tmp}/stages-{strategy}.db", strategy=strategy)
+    store = open_store(config.store_url)
+    policy = make_policy("sticky", assignments=store)
+    # The pool and the upstream client are never used: nothing here leaves the process.
+    pool = ReplicaPool(("http://127.0.0.1:9",))
+    pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
+    session = f"stages-{uuid.uuid4()}"
+    headers = {config.session_header: session}
+    times: dict[str, list[float]] = {}
+
+    def lap(name: str, started: float) -> float:
+        now = time.perf_counter()
+        times.setdefault(name, []).append(now - started)
+        return now
+
+    try:
+        for raw in bodies:
+            t = time.perf_counter()
+            body = orjson.loads(raw)
+            t = lap("parse body", t)
+            # As the app does: only what the session's previous request lacked is decoded.
+            decoded = await pipeline.decode(OPENAI_CHAT, body, headers)
+            t = lap("decode + raw token estimate", t)
+            prepared = await pipeline.prepare(decoded, body, headers)
+            t = lap("ingest: read (store lookup)", t)
+            rendered, _ = pipeline.render(prepared)
+            t = lap("render + token estimate", t)
+            orjson.dumps(pipeline.forward.body(prepared, rendered))
+            t = lap("encode upstream body", t)
+            stored = await commit(store, prepared, None)
+            pipeline.render.keep(prepared)  # as after an upstream accepted the request
+            t = lap("ingest: write (store)", t)
+            await store.add_counts(
+                "default", session, stored.branch_id, {"requests": 1}, token=uuid.uuid4().hex
+            )
+            lap("account (counter increments)", t)
+    finally:
+        await store.close()
+    ms = 1000.0
+    return {
+        name: {"small": median(v[:bucket]) * ms, "full": median(v[-bucket:]) * ms}
+        for name, v in times.items()
+    }
+
+
+def print_stages(stages: dict[str, dict[str, dict[str, float]]]) -> None:
+    table = Table(title="gateway time per request by step (in process, wall ms, median)")
+    table.add_column("step")
+    for strategy in stages:
+        table.add_column(f"{strategy} small", justify="right")
+        table.add_column(f"{strategy} full", justify="right")
+    names = next(iter(stages.values()))
+    for name in [*names, "total"]:
+        cells = []
+        for per_step in stages.values():
+            for size in ("small", "full"):
+                if name == "total":
+                    cells.append(f"{sum(v[size] for v in per_step.values()):.3f}")
+                else:
+                    cells.append(f"{per_step[name][size]:.3f}")
+        table.add_row(name, *cells)
+    Console(width=160).print(table)
