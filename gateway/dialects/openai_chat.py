@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.dialects.base import Chunks, Dialect, Exchange, mid_stream_error
+from gateway.dialects.base import Chunks, Dialect, Exchange
 from gateway.dialects.chunks import ChunkAccumulator, format_sse
 from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
-from gateway.dialects.errors import DialectError, openai_error_body
+from gateway.dialects.errors import DialectError, ErrorKind, mid_stream_error
 from gateway.dialects.fields import (
     ANTHROPIC,
     DIALECT_PARAM,
@@ -81,6 +81,20 @@ _FIELD_CHECKS = {
 }
 
 ContentPart = Text | Opaque
+
+# The error type OpenAI-shaped bodies (chat and Responses) name each kind with: the names
+# this gateway has always answered with. The clients it serves act on the status and
+# ``code``; a type OpenAI spells differently is changed here, for both OpenAI dialects.
+OPENAI_ERROR_TYPES: Mapping[ErrorKind, str] = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "not_found_error": "not_found_error",
+    "timeout_error": "timeout_error",
+    "request_too_large": "request_too_large",
+    "rate_limit_error": "rate_limit_error",
+    "api_error": "api_error",
+    "overloaded_error": "overloaded_error",
+}
 
 
 def decode_request(body: Any) -> Transcript:
@@ -372,6 +386,18 @@ class OpenAIChat(Dialect):
 
     def error_body(self, err: DialectError) -> dict[str, Any]:
         return openai_error_body(err)
+
+
+def openai_error_body(err: DialectError) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {
+        "error": {
+            "message": str(err),
+            "type": OPENAI_ERROR_TYPES[err.kind],
+            "param": err.param,
+            "code": err.code,
+        }
+    }
 
 
 OPENAI_CHAT = OpenAIChat()
