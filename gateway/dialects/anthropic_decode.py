@@ -27,6 +27,7 @@ from gateway.dialects.fields import (
     number,
     require,
     strings,
+    take_tools,
 )
 from gateway.transcript import Message, Opaque, Part, Text, Thinking, ToolCall, Transcript
 
@@ -77,12 +78,7 @@ def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
     if not messages:
         raise DialectError("must contain at least one message", param="messages")
     params = {k: v for k, v in body.items() if k not in ("messages", "system")}
-    tools: tuple[Mapping[str, Any], ...] = ()
-    if "tools" in body:
-        listed = expect_list(body["tools"], "tools")
-        tools = tuple(expect_object(tool, f"tools[{i}]") for i, tool in enumerate(listed))
-        if tools:  # an empty list stays in params, to be written back as sent
-            del params["tools"]
+    tools = take_tools(body, params)
     params[DIALECT_PARAM] = ANTHROPIC
     system = (_decode_system(body["system"]),) if "system" in body else ()
     return Transcript(messages=system, tools=tools, params=params), messages

@@ -41,23 +41,13 @@ from gateway.dialects.convert import (
     to_anthropic_tools,
     tool_input,
 )
-from gateway.dialects.errors import DialectError, ErrorKind, mid_stream_error
+from gateway.dialects.errors import ERROR_KINDS, DialectError, ErrorKind, mid_stream_error
 from gateway.dialects.fields import ANTHROPIC, DIALECT_PARAM, OPENAI, DialectName, hints
 from gateway.transcript import Message, Opaque, Part, Text, ToolCall, Transcript
 
 _ABSENT = object()
-# The error type each kind is named with (the kinds are named as Anthropic names its
-# error types).
-ANTHROPIC_ERROR_TYPES: Mapping[ErrorKind, str] = {
-    "invalid_request_error": "invalid_request_error",
-    "authentication_error": "authentication_error",
-    "not_found_error": "not_found_error",
-    "timeout_error": "timeout_error",
-    "request_too_large": "request_too_large",
-    "rate_limit_error": "rate_limit_error",
-    "api_error": "api_error",
-    "overloaded_error": "overloaded_error",
-}
+# Anthropic's error type for each kind: the kinds are named as Anthropic names its types.
+ANTHROPIC_ERROR_TYPES: Mapping[ErrorKind, str] = {kind: kind for kind in ERROR_KINDS}
 
 
 def decode_request(body: Any) -> Transcript:

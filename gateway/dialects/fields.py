@@ -157,6 +157,18 @@ def check_request_body(body: Any) -> dict[str, Any]:
     return body
 
 
+def take_tools(body: Mapping[str, Any], params: dict[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """The body's ``tools``, each checked to be an object, taken out of ``params``; an empty
+    list stays in ``params``, to be written back as sent."""
+    if "tools" not in body:
+        return ()
+    listed = expect_list(body["tools"], "tools")
+    tools = tuple(expect_object(tool, f"tools[{i}]") for i, tool in enumerate(listed))
+    if tools:
+        del params["tools"]
+    return tools
+
+
 def hints(meta: Mapping[str, Any], dialect: DialectName) -> Mapping[str, Any]:
     """This dialect's hints in ``meta`` (empty when the object came from elsewhere)."""
     found = meta.get(dialect)

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.dialects.chunks import ChunkAccumulator, call_delta, thinking_text
+from gateway.dialects.chunks import ChunkAccumulator, call_delta, first_choice, thinking_text
 from gateway.dialects.errors import DialectError
 
 Event = dict[str, Any]
@@ -89,10 +89,7 @@ class ResponseWriter:
     def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
         self.acc.feed(chunk)
         events: list[Event] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for _, delta in first_choice(chunk):
             thinking = thinking_text(delta)
             if thinking:
                 events += self._content_delta("reasoning", thinking)
