@@ -14,10 +14,12 @@ from typing import Any, Literal
 
 from gateway.dialects.errors import DialectError
 
-DialectName = Literal["openai", "anthropic", "responses"]
+DialectName = Literal["openai", "anthropic"]
+"""The request vocabularies (params, tools, parts) the codecs convert between; a dialect
+with another one decodes into one of these (Responses into chat's)."""
 OPENAI: DialectName = "openai"
 ANTHROPIC: DialectName = "anthropic"
-RESPONSES: DialectName = "responses"
+RESPONSES = "responses"
 
 # The dialect a Transcript's ``params`` are written in: set by the decoders, removed by the
 # encoders, so that encoding into the other dialect knows to convert them.
@@ -169,14 +171,16 @@ def take_tools(body: Mapping[str, Any], params: dict[str, Any]) -> tuple[Mapping
     return tools
 
 
-def hints(meta: Mapping[str, Any], dialect: DialectName) -> Mapping[str, Any]:
-    """This dialect's hints in ``meta`` (empty when the object came from elsewhere)."""
+def hints(meta: Mapping[str, Any], dialect: str) -> Mapping[str, Any]:
+    """The hints in ``meta`` of the dialect named ``dialect`` (``Dialect.name``); empty when
+    the object came from elsewhere."""
     found = meta.get(dialect)
     return found if isinstance(found, Mapping) else {}
 
 
-def make_meta(dialect: DialectName, **values: Any) -> dict[str, Any]:
-    """A ``meta`` dict holding the given hints, leaving out the ones that are None/empty."""
+def make_meta(dialect: str, **values: Any) -> dict[str, Any]:
+    """A ``meta`` dict holding the given hints under the dialect's name, leaving out the ones
+    that are None/empty."""
     kept = {k: v for k, v in values.items() if v is not None and v != {}}
     return {dialect: kept} if kept else {}
 
