@@ -1,4 +1,6 @@
-"""Anthropic Messages request bodies <-> the neutral transcript.
+"""Anthropic Messages (``POST /v1/messages``): the dialect, and request bodies <-> the neutral
+transcript (decoding in ``anthropic_decode``, encoding here; replies in
+``anthropic_replies``).
 
 Mapping: the top-level ``system`` becomes a leading ``system`` message; ``tool_use`` blocks
 become ToolCalls (``arguments`` = the JSON text of ``input``); the ``tool_result`` blocks of
