@@ -24,7 +24,7 @@ from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect, Exchange
-from gateway.dialects.errors import DialectError, too_large
+from gateway.dialects.errors import DialectError, too_large, upstream_broke_off, upstream_refusal
 from gateway.dialects.fields import within_depth
 from gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from gateway.exposure import ReplicaLabels, header_value
@@ -141,7 +141,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             if prepared.stream:
                 # The slot comes back when the stream ends or is closed, or, for a client
                 # gone before the first frame (the stream never starts), after the response.
-                stream = _released(dialect.stream(chunks, exchange), lease)
+                stream = _released(dialect.stream(_broken_off_named(chunks), exchange), lease)
                 release, lease = BackgroundTask(lease.release), None
                 return EventStream(
                     stream, media_type="text/event-stream", headers=headers, background=release
@@ -181,7 +181,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             )
         except UpstreamError as exc:
             log.warning("upstream refused: %s", exc)
-            return error(dialect.upstream_refusal(exc))
+            return error(upstream_refusal(exc.status, exc.body))
         finally:
             if lease is not None:
                 await lease.release()
@@ -268,6 +268,16 @@ def _make_pool(config: GatewayConfig) -> ReplicaPool:
         host, _, port = config.replica_dns.rpartition(":")
         return ReplicaPool(dns_name=host, port=int(port), **probe)
     return ReplicaPool(config.replicas, **probe)
+
+
+async def _broken_off_named(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """The reply's chunks; an upstream failure after the status line is raised as the
+    dialect error its stream ends with (dialects know nothing of the upstream client)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except UpstreamError as exc:
+        raise upstream_broke_off(exc.status, exc.body) from exc
 
 
 async def _released(stream: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:

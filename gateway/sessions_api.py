@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import session_view
 from gateway.config import GatewayConfig
-from gateway.dialects.errors import DialectError, openai_error_body
+from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import openai_error_body
 from gateway.fold.renderer import Renderer
 from gateway.identity import UnknownApiKey, resolve_tenant
 from gateway.pipeline import Pipeline

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.dialects.chunks import ChunkAccumulator, call_delta, thinking_text, upstream_error
+from gateway.dialects.chunks import (
+    ChunkAccumulator,
+    call_delta,
+    first_choice,
+    thinking_text,
+    upstream_error,
+)
 from gateway.dialects.convert import tool_input
 from gateway.dialects.openai_chat import decode_reply
 from gateway.transcript import Message
@@ -119,10 +125,7 @@ class AnthropicStreamTranslator:
             raise upstream_error("chunk after the end of the stream")
         self.accumulator.feed(chunk)
         events = self._start(chunk)
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for choice, delta in first_choice(chunk):
             thinking = thinking_text(delta)
             if thinking:
                 delta_event = {"type": "thinking_delta", "thinking": thinking}

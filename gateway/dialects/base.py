@@ -5,11 +5,14 @@ envelope, then its conversation items one at a time, so that ``request_cache`` d
 only what a re-sent history adds), writes the upstream's chat chunks back in its own shape,
 streamed or whole, and shapes errors as its clients expect. ``gateway.dialects.DIALECTS``
 lists them; the app registers one route per dialect.
+
+The reply's chunks raise ``DialectError`` for a failure a client may read about (the
+request path turns an upstream's into one: ``errors.upstream_broke_off``); any other
+exception is a bug.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,9 +20,6 @@ from typing import Any, ClassVar
 
 from gateway.dialects.errors import DialectError
 from gateway.transcript import Message, Transcript
-from gateway.upstream import UpstreamError
-
-log = logging.getLogger("foldgate")
 
 Chunks = AsyncIterator[dict[str, Any]]
 
@@ -77,50 +77,5 @@ class Dialect(ABC):
 
     @abstractmethod
     def error_body(self, err: DialectError) -> dict[str, Any]:
-        """The dialect's JSON error shape for ``err``."""
-
-    def upstream_refusal(self, exc: UpstreamError) -> DialectError:
-        """An upstream refusal (a 4xx such as context too long) as this gateway's error."""
-        detail = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else exc.body
-        status = exc.status if exc.status and 400 <= exc.status < 500 else 502
-        kind = "invalid_request_error" if status < 500 else "api_error"
-        code = detail.get("code") if isinstance(detail, dict) else None
-        message = upstream_message(exc)
-        if not isinstance(code, str):
-            code = refusal_code(status, message)
-        return DialectError(f"upstream: {message}", status=status, kind=kind, code=code)
-
-
-def mid_stream_error(exc: Exception) -> DialectError:
-    """The error event that ends a stream whose status line is already sent; what is not
-    an upstream failure is a bug, logged here with its traceback."""
-    if isinstance(exc, UpstreamError):
-        message = upstream_message(exc)
-    elif isinstance(exc, DialectError):
-        message = exc.message
-    else:
-        log.error("stream failed", exc_info=exc)
-        message = "internal error"
-    return DialectError(f"upstream failed mid-stream: {message}", status=502, kind="api_error")
-
-
-def upstream_message(exc: UpstreamError) -> str:
-    """What a client may read of an upstream failure: the replica's own error message when
-    it sent one, else the kind of failure; never ``str(exc)``, which names the replica."""
-    detail = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else exc.body
-    message = detail.get("message") if isinstance(detail, dict) else detail
-    if isinstance(message, str) and message.strip():
-        return message
-    if exc.status and exc.status != 502:
-        return f"the model server answered HTTP {exc.status}"
-    return "the model server failed or stopped answering"
-
-
-def refusal_code(status: int | None, message: str) -> str | None:
-    """The OpenAI error code clients act on for an upstream refusal: they compact on
-    ``context_length_exceeded`` and back off on ``rate_limit_exceeded``."""
-    if status == 429:
-        return "rate_limit_exceeded"
-    if status == 400 and "context length" in message.lower():
-        return "context_length_exceeded"
-    return None
+        """The dialect's JSON error shape for ``err``, naming every kind (``ERROR_KINDS``)
+        with its API's error type."""

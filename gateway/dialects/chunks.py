@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,14 @@ _THINKING_FIELDS = ("reasoning_content", "reasoning")
 def upstream_error(message: str) -> DialectError:
     """A reply the upstream sent that cannot be written back (HTTP 502)."""
     return DialectError(message, status=502, kind="api_error")
+
+
+def first_choice(chunk: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """The chunk's entries for choice 0, each with its delta: the gateway keeps, restores and
+    accounts the first choice only."""
+    for choice in chunk.get("choices") or ():
+        if choice.get("index", 0) == 0:
+            yield choice, choice.get("delta") or {}
 
 
 def thinking_field(message: Mapping[str, Any]) -> str:
@@ -84,10 +92,7 @@ class ChunkAccumulator:
         self.model = self.model or str(chunk.get("model") or "")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for choice, delta in first_choice(chunk):
             thinking = thinking_text(delta)
             if thinking is not None:
                 if not self.thinking:

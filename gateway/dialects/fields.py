@@ -14,10 +14,12 @@ from typing import Any, Literal
 
 from gateway.dialects.errors import DialectError
 
-DialectName = Literal["openai", "anthropic", "responses"]
+DialectName = Literal["openai", "anthropic"]
+"""The request vocabularies (params, tools, parts) the codecs convert between; a dialect
+with another one decodes into one of these (Responses into chat's)."""
 OPENAI: DialectName = "openai"
 ANTHROPIC: DialectName = "anthropic"
-RESPONSES: DialectName = "responses"
+RESPONSES = "responses"
 
 # The dialect a Transcript's ``params`` are written in: set by the decoders, removed by the
 # encoders, so that encoding into the other dialect knows to convert them.
@@ -157,14 +159,28 @@ def check_request_body(body: Any) -> dict[str, Any]:
     return body
 
 
-def hints(meta: Mapping[str, Any], dialect: DialectName) -> Mapping[str, Any]:
-    """This dialect's hints in ``meta`` (empty when the object came from elsewhere)."""
+def take_tools(body: Mapping[str, Any], params: dict[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """The body's ``tools``, each checked to be an object, taken out of ``params``; an empty
+    list stays in ``params``, to be written back as sent."""
+    if "tools" not in body:
+        return ()
+    listed = expect_list(body["tools"], "tools")
+    tools = tuple(expect_object(tool, f"tools[{i}]") for i, tool in enumerate(listed))
+    if tools:
+        del params["tools"]
+    return tools
+
+
+def hints(meta: Mapping[str, Any], dialect: str) -> Mapping[str, Any]:
+    """The hints in ``meta`` of the dialect named ``dialect`` (``Dialect.name``); empty when
+    the object came from elsewhere."""
     found = meta.get(dialect)
     return found if isinstance(found, Mapping) else {}
 
 
-def make_meta(dialect: DialectName, **values: Any) -> dict[str, Any]:
-    """A ``meta`` dict holding the given hints, leaving out the ones that are None/empty."""
+def make_meta(dialect: str, **values: Any) -> dict[str, Any]:
+    """A ``meta`` dict holding the given hints under the dialect's name, leaving out the ones
+    that are None/empty."""
     kept = {k: v for k, v in values.items() if v is not None and v != {}}
     return {dialect: kept} if kept else {}
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.dialects.base import Chunks, Dialect, Exchange, mid_stream_error
+from gateway.dialects.base import Chunks, Dialect, Exchange
 from gateway.dialects.chunks import ChunkAccumulator, format_sse
 from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
-from gateway.dialects.errors import DialectError, openai_error_body
+from gateway.dialects.errors import ERROR_KINDS, DialectError, ErrorKind, mid_stream_error
 from gateway.dialects.fields import (
     ANTHROPIC,
     DIALECT_PARAM,
@@ -43,6 +43,7 @@ from gateway.dialects.fields import (
     number,
     require,
     string_or_strings,
+    take_tools,
 )
 from gateway.transcript import Message, Opaque, Part, Role, Text, Thinking, ToolCall, Transcript
 
@@ -82,6 +83,11 @@ _FIELD_CHECKS = {
 
 ContentPart = Text | Opaque
 
+# The error type OpenAI-shaped bodies (chat and Responses) name each kind with: the kinds'
+# own names (Anthropic's), as this gateway has always answered. OpenAI clients act on the
+# status and ``code``; a type to spell OpenAI's way is one entry here, for both dialects.
+OPENAI_ERROR_TYPES: Mapping[ErrorKind, str] = {kind: kind for kind in ERROR_KINDS}
+
 
 def decode_request(body: Any) -> Transcript:
     """Parse a Chat Completions request body; raises DialectError naming the bad field."""
@@ -98,12 +104,7 @@ def decode_envelope(body: Any) -> tuple[Transcript, list[Any]]:
     if not messages:
         raise DialectError("must contain at least one message", param="messages")
     params = {k: v for k, v in body.items() if k != "messages"}
-    tools: tuple[Mapping[str, Any], ...] = ()
-    if "tools" in body:
-        listed = expect_list(body["tools"], "tools")
-        tools = tuple(expect_object(tool, f"tools[{i}]") for i, tool in enumerate(listed))
-        if tools:  # an empty list stays in params, to be written back as sent
-            del params["tools"]
+    tools = take_tools(body, params)
     params[DIALECT_PARAM] = OPENAI
     return Transcript(messages=(), tools=tools, params=params), messages
 
@@ -372,6 +373,18 @@ class OpenAIChat(Dialect):
 
     def error_body(self, err: DialectError) -> dict[str, Any]:
         return openai_error_body(err)
+
+
+def openai_error_body(err: DialectError) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {
+        "error": {
+            "message": str(err),
+            "type": OPENAI_ERROR_TYPES[err.kind],
+            "param": err.param,
+            "code": err.code,
+        }
+    }
 
 
 OPENAI_CHAT = OpenAIChat()

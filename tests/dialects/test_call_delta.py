@@ -8,7 +8,7 @@ import pytest
 from gateway.dialects.anthropic_replies import AnthropicStreamTranslator
 from gateway.dialects.chunks import call_delta
 from gateway.dialects.errors import DialectError
-from gateway.dialects.openai_responses import ResponseWriter
+from gateway.dialects.responses_events import ResponseWriter
 
 
 def call_chunk(index: int, arguments: str, name: str | None = None) -> dict:

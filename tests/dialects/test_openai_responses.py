@@ -12,7 +12,8 @@ import pytest
 from gateway.dialects.errors import DialectError
 from gateway.dialects.fields import DIALECT_PARAM
 from gateway.dialects.openai_chat import encode_request
-from gateway.dialects.openai_responses import OPENAI_RESPONSES, ResponseWriter
+from gateway.dialects.openai_responses import OPENAI_RESPONSES
+from gateway.dialects.responses_events import ResponseWriter
 from gateway.fold import make_renderer
 from gateway.fold.renderer import RenderState
 from gateway.request_cache import DecodeCache
