@@ -54,8 +54,8 @@ later one winning:
 3. the `foldgate serve` flags that set a field (listed with each field).
 
 Every field has a default that works on one host: the embedded SQLite store, ReFold,
-sticky routing, one default tenant. Environment values are plain strings, except where a
-field says otherwise: lists are comma-separated (`FOLDGATE_REPLICAS=http://a:8000,http://b:8000`),
+sticky routing, one default tenant. In the environment, strings and numbers are written as
+they are; lists are comma-separated (`FOLDGATE_REPLICAS=http://a:8000,http://b:8000`),
 string maps are `key=value` pairs (`FOLDGATE_API_KEYS=sha256:...=acme,sha256:...=beta`),
 `FOLDGATE_TENANTS` is a JSON object, and booleans are true for `1`, `true`, `yes`, `on`.
 
