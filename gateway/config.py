@@ -27,15 +27,31 @@ class GatewayConfig:
     replica_dns: str | None = None
     """``host:port`` of a headless service whose A records are the replicas."""
     policy: str = "sticky"
+    """How sessions are routed to replicas: ``sticky`` (the session -> replica map lives in
+    the store; a session moves when its replica's load exceeds the least loaded one's by
+    ``rehome_margin``), ``sticky_cost`` (prices a move against re-prefilling the cached
+    prefix), ``round_robin`` or ``least_loaded``. A tenant's ``policy`` overrides it."""
     strategy: str = "refold"
+    """Default context strategy: ``base``, ``refold``, ``cliff``, ``mask``, ``clip`` or a
+    composition such as ``refold+cliff``; a tenant's ``strategy`` and the
+    ``x-foldgate-strategy`` header override it."""
     fold: str = "auto"
     """ReFold's fold protocol: "auto" asks the model and stops after two ignored asks,
     "on" asks in the system prompt from the start (the paper), "off" only deduplicates."""
     k: int = 3
+    """ReFold's chunk size: steps before the chunk boundary are rendered compressed, so the
+    rendered prefix is rewritten once every ``k`` steps."""
     budget: int | None = None
+    """Token budget of ``cliff`` (its compaction threshold, also in compositions); a tenant's
+    ``budget`` overrides it. Unset: the context guard keeps each request below the replicas'
+    context window instead."""
     session_header: str = "x-session-id"
+    """Request header that names the session (before ``prompt_cache_key``,
+    ``metadata.session_id``, Anthropic ``metadata.user_id`` and the digest fallback)."""
     strategy_header: str = "x-foldgate-strategy"
+    """Request header that picks the context strategy for one request."""
     fold_header: str = "x-foldgate-fold"
+    """Request header that picks ReFold's fold mode (auto, on, off) for one request."""
     api_keys: dict[str, str] = field(default_factory=dict)
     """API key hash (``sha256:<hex>``, from ``foldgate keys``) -> tenant. Empty: every
     request belongs to the default tenant."""
@@ -49,15 +65,19 @@ class GatewayConfig:
     """Tenant -> ReFold fold mode, for tenants whose agents should not be asked (or should
     be asked from the start); the ``x-foldgate-fold`` header overrides it per request."""
     default_tenant: str = DEFAULT_TENANT
+    """The tenant of every request when ``api_keys`` is empty."""
     upstream_model: str | None = None
     """Model name sent upstream; unset: the one model the replicas serve, else the client's."""
     max_body_bytes: int = 32 * 1024 * 1024
+    """Largest request body accepted, in bytes; a larger one is a 413."""
     upstream_timeout_s: float = 600.0
     """Seconds to wait for a replica's first chunk (queueing and prefill); a generation may
     then run as long as chunks keep coming (``upstream_idle_timeout_s``)."""
     upstream_idle_timeout_s: float = 120.0
     """Seconds a replica may go silent between two chunks of one reply."""
     connect_timeout_s: float = 5.0
+    """Seconds to open a connection to a replica; a failed connect is retried on another
+    replica."""
     header_timeout_s: float = 15.0
     """Seconds a client has to send a request's headers (``foldgate serve``)."""
     body_timeout_s: float = 60.0
@@ -67,12 +87,21 @@ class GatewayConfig:
     max_concurrency: int = 1024
     """Connections and requests one gateway process serves at once; more get a 503."""
     max_restores: int = 3
+    """Restores the gateway answers within one request (the model asked again after each);
+    past it the reply goes to the harness as it is."""
     max_attempts: int = 3
+    """Replicas one request is tried on when a replica fails before the first byte reached
+    the client."""
     assignment_ttl_s: float = ASSIGNMENT_TTL_S
+    """Seconds a session's replica assignment is kept in the store after its last use."""
     rehome_margin: float = REHOME_MARGIN
+    """``sticky``: how many requests more than the least loaded replica a session's replica
+    may carry before the session moves."""
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
     probe_interval_s: float = 2.0
+    """Seconds between health probes (and metrics scrapes) of each replica, and between
+    re-resolutions of ``replica_dns``; two failed probes in a row take a replica out."""
     decode_cache_bytes: int = 128 * 1024 * 1024
     """Session text the per-session decode cache keeps, in bytes as the gateway estimates
     them (4 per estimated token); the least recently used sessions are dropped past it."""
@@ -91,6 +120,8 @@ class GatewayConfig:
     """Seconds a replica stays out before trial requests (one at a time) may bring it back;
     each failed trial doubles it, up to ``breaker_max_open_s``."""
     breaker_max_open_s: float = 60.0
+    """Longest time a replica stays out after failed trials (the doubling of
+    ``breaker_open_s`` stops here)."""
     ui: bool = False
     """Serve the inspector page at ``/ui`` (sessions, and what the model saw at each step)."""
     debug: bool = False

@@ -21,7 +21,7 @@ DEFAULT_PORT = 8080
     "--config",
     "config_path",
     type=click.Path(exists=True, path_type=Path),
-    help="TOML file with GatewayConfig fields (see README).",
+    help="TOML file with GatewayConfig fields (see docs/configuration.md).",
 )
 @click.option(
     "--replica",
