@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats, step_indices
 from gateway.transcript import Message, Text, Transcript
 
@@ -102,3 +103,8 @@ def clip_text(text: str, max_chars: int) -> str:
     cut = len(text) - head - tail
     end = text[len(text) - tail :] if tail else ""
     return f"{text[:head]}\n[... {cut} characters clipped ...]\n{end}"
+
+
+register(Strategy("base", Base))
+register(Strategy("mask", Mask))
+register(Strategy("clip", Clip))

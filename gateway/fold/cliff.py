@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.fold.baselines import require_int
+from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import (
     Rendered,
     Renderer,
@@ -497,3 +498,15 @@ class _Builder:
         if len(text) > self.cliff.result_max:
             return f"{label}: dropped ({len(text)} characters)"
         return f"{label}: {text}"
+
+
+register(
+    Strategy(
+        "cliff",
+        Cliff,
+        settings=lambda s: {"threshold": s.budget, "count_tokens": s.count_tokens},
+        needs_budget=True,
+        # It keeps its last context's messages and its running token counts (measured).
+        cache_bytes_per_text_byte=0.8,
+    )
+)

@@ -10,20 +10,13 @@ cache gives exactly the same transcript.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gateway.transcript import Message, Transcript, observation_indices
-
-TokenCount = Callable[[Message], int]
-
-
-def estimate_tokens(message: Message) -> int:
-    """Bytes/4 over everything the model would read: a labelled estimate, not a tokenizer."""
-    size = len(message.text.encode()) + len(message.thinking.encode())
-    size += sum(len(c.name) + len(c.arguments.encode()) for c in message.tool_calls)
-    return size // 4 + 4
+# The token-count interface renderers take is the ground floor's (re-exported here).
+from gateway.tokens import TokenCount as TokenCount
+from gateway.tokens import estimate_tokens as estimate_tokens
+from gateway.transcript import Transcript, observation_indices
 
 
 @dataclass(frozen=True, slots=True)
