@@ -40,6 +40,8 @@ from typing import Any
 from gateway.fold.baselines import require_int
 from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import (
+    SUMMARY,
+    VERBATIM,
     Rendered,
     Renderer,
     RenderState,
@@ -386,9 +388,12 @@ class Cliff(Renderer):
         messages = history.messages
         head = cache.head
         out = list(messages[:head])
-        if state.summary is not None:
-            out.append(state.summary)
+        summary = () if state.summary is None else (state.summary,)
+        out.extend(summary)
         out.extend(messages[state.cut :])
+        kept = len(messages) - state.cut
+        sources = (*range(head), *(None for _ in summary), *range(state.cut, len(messages)))
+        kinds = (VERBATIM,) * head + (SUMMARY,) * len(summary) + (VERBATIM,) * kept
         observations = observation_indices(messages)
         total = head_tokens + state.summary_tokens + state.kept_tokens
         stats = RenderStats(
@@ -398,7 +403,7 @@ class Cliff(Renderer):
             notes=(_RUNG_NOTES[state.rung],) if state.rung in _RUNG_NOTES else (),
             over_budget=total > self.threshold,
         )
-        return Rendered(history.with_messages(out), cache, stats)
+        return Rendered(history.with_messages(out), cache, stats, sources, kinds)
 
 
 def _rewritten_in_place(now: Sequence[Message], was: Sequence[Message]) -> bool:

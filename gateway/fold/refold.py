@@ -56,12 +56,18 @@ from gateway.fold.protocol import (
 )
 from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import (
+    ADDED,
+    FOLD,
+    LABELLED,
+    STUB,
     Rendered,
     Renderer,
     RenderState,
     RenderStats,
     TokenCount,
     estimate_tokens,
+    noted_kind,
+    origin_kind,
 )
 from gateway.fold.restore import restore_tool_schema
 from gateway.fold.spans import (
@@ -103,6 +109,7 @@ class _Note:
     text: str
     ask: bool
     message: Message | None = None  # the output with the note, made once
+    kind: str = LABELLED  # what the inspector calls that message (see ``noted_kind``)
 
 
 @dataclass(eq=False, slots=True)
@@ -133,6 +140,7 @@ class ReFoldCache:
     # rendering: one message per history position, and its token count
     out: list[Message] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # each one's origin kind (``origin_kind``)
     head: tuple[Message, ...] = ()
     index: DedupIndex = field(default_factory=DedupIndex)
     folded: set[int] = field(default_factory=set)
@@ -178,9 +186,12 @@ class ReFold(Renderer):
         c = self._usable(cache, history, state) or self._fresh(history, state)
         self._scan(c, history, state)
         messages = list(c.out)
+        kinds = [ADDED] * len(c.head) + c.kinds
         note = self._note_message(c)
         if note is not None:
-            messages[c.steps[c.note.step]] = note  # type: ignore[union-attr]
+            at = c.steps[c.note.step]  # type: ignore[union-attr]
+            messages[at] = note
+            kinds[len(c.head) + at] = c.note.kind  # type: ignore[union-attr]
         tools = history.tools
         overhead = c.overhead
         if c.restore_offered and tools and not c.text_mode:
@@ -201,7 +212,8 @@ class ReFold(Renderer):
             reprefill_tokens=c.reprefill,
         )
         rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
-        return Rendered(rendered, c, stats)
+        sources = (None,) * len(c.head) + tuple(range(len(messages)))
+        return Rendered(rendered, c, stats, sources, tuple(kinds))
 
     # -- cache -------------------------------------------------------------------------
 
@@ -244,20 +256,24 @@ class ReFold(Renderer):
                 # The reply right before a restored message asked for the restore.
                 if c.gap and c.gap[-1][0] == pos - 1:
                     c.gap.pop()
-                self._put(c, pos, m)
+                self._put(c, m, m)
             elif m.role == "assistant":
                 self._scan_reply(c, pos, m)
-                self._put(c, pos, m)
+                self._put(c, m, m)
             elif (m.role == "tool") if not c.text_mode else _is_observation(c, m):
                 self._scan_step(c, history, state, pos, m)
             else:
-                self._put(c, pos, self._plain(c, pos, m))
+                self._put(c, m, self._plain(c, pos, m))
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))
 
-    def _put(self, c: ReFoldCache, pos: int, rendered: Message, tokens: int | None = None) -> None:
+    def _put(
+        self, c: ReFoldCache, original: Message, rendered: Message, tokens: int | None = None
+    ) -> None:
+        """Render the next history position: ``original`` shown as ``rendered``."""
         c.out.append(rendered)
         c.tokens.append(self.count_tokens(rendered) if tokens is None else tokens)
+        c.kinds.append(origin_kind(original, rendered, STUB))
 
     def _scan_reply(self, c: ReFoldCache, pos: int, m: Message) -> None:
         if c.first_reply is None:
@@ -280,6 +296,7 @@ class ReFold(Renderer):
                 c.protocol = "live"
                 at = c.steps[note.step]
                 c.out[at] = self._note_message(c, note)
+                c.kinds[at] = note.kind
                 c.overhead += self.count_tokens(c.out[at]) - c.tokens[at]
                 c.tokens[at] = self.count_tokens(c.out[at])
             else:
@@ -335,7 +352,7 @@ class ReFold(Renderer):
             c.step_stubs[step] = (stubs, original - deduped_tokens)
         c.stub_saved += original - deduped_tokens
         rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
-        self._put(c, pos, rendered, None if labelled else deduped_tokens)
+        self._put(c, m, rendered, None if labelled else deduped_tokens)
         c.overhead += c.tokens[pos] - deduped_tokens
         if c.protocol == "asking" and (c.note is None or c.note.ask):
             c.note = _Note(step, ask_text(step), ask=True)
@@ -363,6 +380,7 @@ class ReFold(Renderer):
         if note.message is None:
             at = c.steps[note.step]
             note.message = c.out[at].with_text(f"{c.out[at].text}\n\n{note.text}")
+            note.kind = noted_kind(c.kinds[at])
         return note.message
 
     # -- priced folds --------------------------------------------------------------------
@@ -424,6 +442,7 @@ class ReFold(Renderer):
         for pos, message in renders.items():
             c.out[pos] = message
             c.tokens[pos] = tokens[pos]
+            c.kinds[pos] = origin_kind(history.messages[pos], message, FOLD)
         c.folded |= chosen
         c.index.hidden |= chosen
         for s in chosen:  # a folded step's stubs are gone with its text
