@@ -8,7 +8,7 @@ after the first changed token must be prefilled again. Hence:
 - **Each output is rendered once, when it arrives, and then stays as it is** — unless a
   priced fold rewrites it (below). Deduplication happens at arrival: a span that an earlier
   shown output holds verbatim becomes a one-line stub naming that output (see
-  ``spans.py``). Stubbing new text invalidates nothing, so dedup never rewrites; and since
+  ``dedup.py``). Stubbing new text invalidates nothing, so dedup never rewrites; and since
   the first copy is never folded while a stub names it, the content stays on screen.
 - **Protocol text only while it can pay.** Fold mode ``on`` is the paper's setting: the
   system prompt asks for ``PROGRESS``/``STALE`` lines, every output is labelled
@@ -44,6 +44,15 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from gateway.fold.calls import (
+    FileView,
+    describe_producer,
+    path_from_call,
+    path_from_command,
+    view_from_call,
+    view_from_command,
+)
+from gateway.fold.dedup import DedupIndex, dedup_output
 from gateway.fold.pricing import rewrite_pays, rewrite_value
 from gateway.fold.protocol import (
     FOLD_INSTRUCTION,
@@ -70,16 +79,6 @@ from gateway.fold.renderer import (
     origin_kind,
 )
 from gateway.fold.restore import restore_tool_schema
-from gateway.fold.spans import (
-    DedupIndex,
-    FileView,
-    dedup_output,
-    describe_producer,
-    path_from_call,
-    path_from_command,
-    view_from_call,
-    view_from_command,
-)
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
 FOLD_MODES = ("auto", "on", "off")
