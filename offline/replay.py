@@ -330,9 +330,8 @@ def build_renderers(
     count_tokens: TokenCount = chat.message_count
     renderers = {}
     for spec in config.strategies:
-        options = {"fold": fold} if parse_spec(spec).takes_fold_mode else {}
         renderers[spec] = make_renderer(
-            spec, k=config.k, budget=config.budget, count_tokens=count_tokens, **options
+            spec, k=config.k, budget=config.budget, count_tokens=count_tokens, fold=fold
         )
     return renderers
 

@@ -57,8 +57,7 @@ class Renderers:
         key: Hashable = (spec, mode, limit)
         renderer = self._built.get(key)
         if renderer is None:
-            options = {} if mode is None else {"fold": mode}
-            renderer = make_renderer(spec, k=self.k, budget=limit, **options)
+            renderer = make_renderer(spec, k=self.k, budget=limit, fold=mode)
             self._built.put(key, renderer)
         return renderer
 

@@ -353,7 +353,10 @@ register(
     Strategy(
         "refold",
         ReFold,
-        settings=lambda s: {"k": s.k, "dedup": True, "count_tokens": s.count_tokens},
+        settings=lambda s: (
+            {"k": s.k, "dedup": True, "count_tokens": s.count_tokens}
+            | ({} if s.fold is None else {"fold": s.fold})
+        ),
         takes_fold_mode=True,
         # It keeps the rendered prefix as new message objects with their derived fields
         # (digests, token counts, stub index): 6x the text of bench/memory.py's sessions,

@@ -20,12 +20,14 @@ from gateway.tokens import TokenCount, estimate_tokens
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The gateway's settings a strategy may take: ReFold's chunk size ``k``, the token
-    ``budget`` a cliff compacts at, and the ``count_tokens`` every count is made with."""
+    """The gateway's settings a strategy may take: ReFold's chunk size ``k`` and fold mode
+    ``fold`` (None: its default), the token ``budget`` a cliff compacts at, and the
+    ``count_tokens`` every count is made with."""
 
     k: int = 3
     budget: int | None = None
     count_tokens: TokenCount = estimate_tokens
+    fold: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,7 @@ class Strategy:
     ``build``: its constructor; its parameters are the options it takes. ``settings``: the
     constructor arguments it takes from the gateway's ``Settings`` (options given by name
     override them). ``needs_budget``: refused without a token budget. ``takes_fold_mode``:
-    it takes ReFold's fold mode as option ``fold`` (the fold header only matters then).
+    it takes ReFold's fold mode (``Settings.fold``; the fold header only matters then).
     ``cache_bytes_per_text_byte``: what its per-session cache keeps alive per byte of the
     history's text (measured; tests/gateway/test_lru.py fails when it drifts).
     """

@@ -101,12 +101,14 @@ def make_renderer(
     k: int = 3,
     budget: int | None = None,
     count_tokens: TokenCount = estimate_tokens,
+    fold: str | None = None,
     **options: Any,
 ) -> Renderer:
     """Build the renderer ``spec`` names (see ``gateway.fold.STRATEGIES``; ``a+b``
     compositions apply left to right).
 
-    ``k`` is ReFold's chunk size, ``budget`` the token threshold a ``cliff`` needs.
+    ``k`` and ``fold`` are ReFold's chunk size and fold mode (None: its default), ``budget``
+    the token threshold a ``cliff`` needs; a strategy that does not take one ignores it.
     ``options`` go to every strategy in the spec whose constructor takes them (for example
     ``keep_turns=1``, ``assistant_cap=300``, ``dedup=False``); one that no strategy in the
     spec takes is an error.
@@ -127,7 +129,7 @@ def make_renderer(
                 f"{s.name} takes {', '.join(sorted(s.options)) or 'none'}" for s in strategies
             )
         )
-    settings = Settings(k=k, budget=budget, count_tokens=count_tokens)
+    settings = Settings(k=k, budget=budget, count_tokens=count_tokens, fold=fold)
     renderers = [
         s.build(**(dict(s.settings(settings)) | {o: options[o] for o in s.options & set(options)}))
         for s in strategies

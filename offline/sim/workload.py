@@ -28,7 +28,6 @@ import numpy as np
 from gateway.config import GatewayConfig
 from gateway.fold import make_renderer as registry_renderer
 from gateway.fold.renderer import Renderer
-from gateway.fold.spec import parse_spec
 from gateway.tokens import ChatTokenizer, SessionPrompts
 from gateway.transcript import Transcript
 from offline.prefix_cache import PrefixCache
@@ -124,7 +123,7 @@ def build_workload(
             spec,
             k=config.k,
             budget=config.budget,
-            **({"fold": fold} if parse_spec(spec).takes_fold_mode else {}),
+            fold=fold,
         )
         for spec in config.strategies
     }
