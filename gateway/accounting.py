@@ -145,7 +145,7 @@ async def account(
     stats = prepared.stats
     request = RequestRecord(
         messages=len(prepared.transcript.messages),
-        strategy=prepared.strategy,
+        strategy=str(prepared.strategy),
         fold=prepared.fold,
         pressure=prepared.pressure,
         tools=tool_names(prepared.transcript.tools),

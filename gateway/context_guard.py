@@ -52,7 +52,10 @@ from typing import Any
 
 import aiohttp
 
+from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
+from gateway.fold.spec import StrategySpec
+from gateway.tokens import BYTES_PER_TOKEN
 from gateway.transcript import Transcript
 from router.replica import Replica
 
@@ -64,7 +67,6 @@ GUARDED_SESSIONS = 4096
 RECENT_RATIOS = 64
 
 GetJson = Callable[[str], Any]
-RendererFactory = Callable[[str, int, Any], Renderer]
 
 
 def reply_room(window: int, max_tokens: Any) -> int:
@@ -88,12 +90,7 @@ def tools_estimate(transcript: Transcript) -> int:
     """The tool schemas in the gateway's estimate (bytes/4 of their JSON)."""
     if not transcript.tools:
         return 0
-    return len(json.dumps(list(transcript.tools), ensure_ascii=False).encode()) // 4
-
-
-def guarded_spec(strategy: str) -> str:
-    """The strategy with a cliff outermost (unchanged when it already ends with one)."""
-    return strategy if strategy.split("+")[-1].strip() == "cliff" else f"{strategy}+cliff"
+    return len(json.dumps(list(transcript.tools), ensure_ascii=False).encode()) // BYTES_PER_TOKEN
 
 
 def window_of(models: Any, model: str | None) -> int | None:
@@ -129,10 +126,9 @@ class ContextGuard:
     """Per-session CliffCompaction thresholds below the replicas' context window.
 
     ``replicas()`` lists the replicas a request may go to; ``get_json(url)`` fetches their
-    ``/v1/models``; ``make_renderer(spec, threshold, options)`` builds a strategy with a
-    cliff at that threshold (``options``: what else the caller's renderers vary by, such as
-    ReFold's fold mode; memoized here, so a session whose threshold stays keeps its renderer
-    and its cache). ``renderer`` answers None, and the strategy renders as configured, when the
+    ``/v1/models``; ``renderers`` builds a strategy with a cliff at the threshold (the
+    gateway's one renderer cache, so a session whose threshold stays keeps its renderer and
+    its cache). ``renderer`` answers None, and the strategy renders as configured, when the
     guard is off (a budget is configured) or no replica reported a window.
     """
 
@@ -140,18 +136,17 @@ class ContextGuard:
         self,
         replicas: Callable[[], Iterable[Replica]],
         get_json: GetJson,
-        make_renderer: RendererFactory,
+        renderers: Renderers,
         enabled: bool = True,
     ) -> None:
         self.enabled = enabled
         self._replicas = replicas
         self._get_json = get_json
-        self._make_renderer = make_renderer
+        self.renderers = renderers
         self._windows: dict[str, int | None] = {}
         self._learning = asyncio.Lock()
         self._sessions: OrderedDict[Hashable, _Session] = OrderedDict()
         self._recent: deque[float] = deque(maxlen=RECENT_RATIOS)
-        self._renderers: OrderedDict[tuple[str, Hashable, int], Renderer] = OrderedDict()
 
     # -- the window ---------------------------------------------------------------------
 
@@ -183,7 +178,11 @@ class ContextGuard:
     # -- per session --------------------------------------------------------------------
 
     def renderer(
-        self, key: Hashable, strategy: str, transcript: Transcript, options: Hashable = None
+        self,
+        key: Hashable,
+        strategy: str | StrategySpec,
+        transcript: Transcript,
+        fold: str | None = None,
     ) -> Renderer | None:
         """The renderer for this request of session ``key``, or None (see the class doc)."""
         window = self.window() if self.enabled else None
@@ -202,7 +201,7 @@ class ContextGuard:
             session.threshold = min(
                 session.threshold, threshold(window, session.reply, ratio, tools)
             )
-        return self._built(guarded_spec(strategy), options, session.threshold)
+        return self.renderers.bounded(strategy, fold, session.threshold)
 
     def rendered(self, key: Hashable, tokens: int, compacted: bool) -> None:
         """What was sent for session ``key``: its message estimate, and whether its
@@ -233,13 +232,3 @@ class ContextGuard:
         while len(self._sessions) > GUARDED_SESSIONS:
             self._sessions.popitem(last=False)
         return session
-
-    def _built(self, spec: str, options: Hashable, limit: int) -> Renderer:
-        key = (spec, options, limit)
-        renderer = self._renderers.get(key)
-        if renderer is None:
-            renderer = self._renderers[key] = self._make_renderer(spec, limit, options)
-        self._renderers.move_to_end(key)
-        while len(self._renderers) > GUARDED_SESSIONS:
-            self._renderers.popitem(last=False)
-        return renderer

@@ -6,19 +6,20 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gateway.fold import STRATEGIES
+from gateway.fold.spec import StrategySpec, parse_spec
 
 # Labels take a bounded set of values: a client's header must not mint a series per value.
 MAX_LABELLED_PARTS = 2
 OTHER = "other"
 
 
-def strategy_label(spec: str) -> str:
+def strategy_label(spec: str | StrategySpec) -> str:
     """``spec`` when it names known strategies (at most two composed), else "other"."""
-    parts = spec.split("+")
-    if len(parts) <= MAX_LABELLED_PARTS and all(p in STRATEGIES for p in parts):
-        return spec
-    return OTHER
+    try:
+        parsed = parse_spec(spec)
+    except ValueError:
+        return OTHER
+    return str(parsed) if len(parsed.parts) <= MAX_LABELLED_PARTS else OTHER
 
 
 REQUESTS = Counter(

@@ -27,7 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError
-from gateway.fold import make_renderer
+from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
 from gateway.identity import resolve_session, resolve_tenant
 from gateway.quotas import Quotas
@@ -35,7 +35,7 @@ from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
 from gateway.steps import route
 from gateway.steps.forward import Forward, context_too_long
 from gateway.steps.ingest import Prepared, commit, ingest
-from gateway.steps.render import Render, fold_options
+from gateway.steps.render import Render
 from gateway.steps.restore import Outcome, replies
 from gateway.tenants import Tenants, salt_secret
 from gateway.transcript import Message
@@ -69,12 +69,7 @@ class Pipeline:
         self.quotas = Quotas(store, self.tenants)
         # With no budget configured, a cliff below the replicas' context window.
         self.guard = ContextGuard(
-            pool.healthy,
-            upstream.get_json,
-            lambda spec, limit, fold: make_renderer(
-                spec, k=config.k, budget=limit, **fold_options(spec, fold)
-            ),
-            enabled=config.budget is None,
+            pool.healthy, upstream.get_json, Renderers(config.k), enabled=config.budget is None
         )
         self.render = Render(config, self.guard, self.pressure)
         self.forward = Forward(config, pool, policy, upstream, self.tenants, self.guard)
@@ -128,7 +123,7 @@ class Pipeline:
         tenant = resolve_tenant(headers, self.config)
         session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
         settings = self.tenants.settings(tenant)
-        strategy = (
+        strategy = self.render.spec(
             headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy
         )
         fold = (

@@ -27,14 +27,11 @@ from gateway import metrics
 from gateway.dialects.base import Dialect
 from gateway.dialects.openai_chat import encode_message
 from gateway.dialects.volatile import without_volatile
-from gateway.fold.renderer import estimate_tokens
 from gateway.lru import LRU
+from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
-# Bytes of text per estimated token (``estimate_tokens`` counts 4 bytes as one): what an
-# entry's text takes, for the caches' byte bounds.
-BYTES_PER_TOKEN = 4
 # A session's entry holds its text about twice: the decoded messages (their store dicts
 # share the strings) and the upstream JSON of its last rendering (``MessageMemo``).
 TEXT_COPIES = 2

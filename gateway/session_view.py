@@ -11,10 +11,9 @@ after a restart or on another gateway replica, renders cold under the pressure o
 moment and may have decided otherwise). The view is each request's last attempt: restore
 exchanges the gateway answered during it are in it.
 
-Renderers do not say which history message each rendered message came from, so the view
-traces it: strategies either rewrite messages in place (possibly adding some before them)
-or replace a run of messages by a summary (a cliff). A composition is traced stage by
-stage. ReFold's cache names its folded steps; its other rewritten outputs hold stubs.
+Each rendering says where its messages came from (``Rendered.sources`` and ``kinds``:
+the history index, or none for a message the strategy added, and what the strategy made of
+it), so the view shows that beside the history; a composition traces through its parts.
 """
 
 from __future__ import annotations
@@ -25,16 +24,11 @@ from typing import Any
 
 from gateway import accounting
 from gateway.accounting import Ledger, RequestRecord
-from gateway.fold.compose import Composed, merge_stats
-from gateway.fold.refold import ReFold
-from gateway.fold.renderer import Rendered, Renderer, RenderState, estimate_tokens, step_indices
+from gateway.fold.renderer import Rendered, Renderer, RenderState, step_indices
 from gateway.steps.ingest import with_gateway_turns
+from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Opaque, Transcript
 from store import NotFound, SessionStore
-
-# What a stage's rewritten and added messages are called in a view (ReFold's: stub, fold).
-_REWRITE_KIND = {"mask": "masked", "clip": "clipped"}
-_ADDED_KIND = {"cliff": "summary"}
 
 
 class NoSuchRequest(LookupError):
@@ -176,60 +170,11 @@ def trace(
 ) -> Traced:
     """The last of successive renderings (``renderers[i]`` renders ``inputs[i]``, each
     given the cache the one before returned), traced back to its history."""
-    return _traced(renderers, inputs)[1]
-
-
-def _traced(
-    renderers: Sequence[Renderer], inputs: Sequence[tuple[Transcript, RenderState | None]]
-) -> tuple[list[Rendered], Traced]:
-    """Every rendering, and the last one traced."""
-    last = renderers[-1]
-    if isinstance(last, Composed):
-        inner, inner_traced = _traced([r.inner for r in renderers], inputs)  # type: ignore[attr-defined]
-        outer, outer_traced = _traced(
-            [r.outer for r in renderers],  # type: ignore[attr-defined]
-            [(rendered.transcript, None) for rendered in inner],
-        )
-        both = [
-            Rendered(o.transcript, None, merge_stats(i, o))
-            for i, o in zip(inner, outer, strict=True)
-        ]
-        sources = [None if s is None else inner_traced.sources[s] for s in outer_traced.sources]
-        kinds = [
-            inner_traced.kinds[s] if s is not None and k in {"verbatim", "labelled"} else k
-            for s, k in zip(outer_traced.sources, outer_traced.kinds, strict=True)
-        ]
-        return both, Traced(both[-1], sources, kinds)
-    renderings: list[Rendered] = []
     cache = None
     for renderer, (history, state) in zip(renderers, inputs, strict=True):
-        renderings.append(renderer.render(history, state, cache))
-        cache = renderings[-1].cache
-    rendered = renderings[-1]
-    history = inputs[-1][0].messages
-    out = rendered.transcript.messages
-    sources = align(history, out)
-    folded = _folded_positions(rendered) if isinstance(last, ReFold) else set()
-    kinds = []
-    for m, s in zip(out, sources, strict=True):
-        if s is None:
-            kinds.append(_ADDED_KIND.get(last.name, "added"))
-        elif m == history[s]:
-            kinds.append("verbatim")
-        elif keeps_content(history[s], m):
-            kinds.append("labelled")
-        elif isinstance(last, ReFold):
-            kinds.append("fold" if s in folded else "stub")
-        else:
-            kinds.append(_REWRITE_KIND.get(last.name, "rewritten"))
-    return renderings, Traced(rendered, sources, kinds)
-
-
-def _folded_positions(rendered: Rendered) -> set[int]:
-    """History positions of the steps ReFold folded (its cache keeps them)."""
-    cache = rendered.cache
-    steps = getattr(cache, "steps", [])
-    return {steps[s] for s in getattr(cache, "folded", ()) if s < len(steps)}
+        rendered = renderer.render(history, state, cache)
+        cache = rendered.cache
+    return Traced(rendered, list(rendered.sources), list(rendered.kinds))
 
 
 def _view(
@@ -335,52 +280,6 @@ def _shared_prefix(
     return {
         "messages": same,
         "chars": chars,
-        "tokens": sum(estimate_tokens(m) for m in messages[:same]) + chars // 4,
+        "tokens": sum(estimate_tokens(m) for m in messages[:same]) + chars // BYTES_PER_TOKEN,
         "same_replica": log[-2].replica == log[-1].replica,
     }
-
-
-# -- tracing rendered messages back to the history ---------------------------------------
-
-
-def align(history: Sequence[Message], rendered: Sequence[Message]) -> list[int | None]:
-    """For each rendered message, the history index it renders, or None when added.
-
-    Identical leading and trailing messages pair up; in between, a rendering at least as
-    long as the history rewrote it in place after its added messages, and a shorter one
-    replaced the run (its messages are added, the run's history messages dropped).
-    """
-    n, r = len(history), len(rendered)
-    head = 0
-    while head < min(n, r) and rendered[head] == history[head]:
-        head += 1
-    tail = 0
-    while tail < min(n, r) - head and rendered[r - 1 - tail] == history[n - 1 - tail]:
-        tail += 1
-    middle_h, middle_r = n - head - tail, r - head - tail
-    sources: list[int | None] = [*range(head), *([None] * middle_r), *range(n - tail, n)]
-    if middle_r >= middle_h:
-        added = middle_r - middle_h
-        for j in range(middle_h):
-            h, i = head + j, head + added + j
-            if _same_slot(history[h], rendered[i]):
-                sources[i] = h
-    return sources
-
-
-def _same_slot(a: Message, b: Message) -> bool:
-    """Could ``b`` be ``a`` rewritten: same role, same call it answers, same calls it makes."""
-    return (
-        a.role == b.role
-        and a.tool_call_id == b.tool_call_id
-        and [c.id for c in a.tool_calls] == [c.id for c in b.tool_calls]
-    )
-
-
-def keeps_content(original: Message, rendered: Message) -> bool:
-    """``rendered`` still holds all of ``original``'s text, thinking and calls."""
-    return (
-        original.text in rendered.text
-        and original.thinking == rendered.thinking
-        and original.tool_calls == rendered.tool_calls
-    )

@@ -22,7 +22,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gateway.fold import STRATEGIES
+from gateway.fold import STRATEGIES, StrategySpec, parse_spec
 from router import POLICY_NAMES
 
 KEY_HASH_PREFIX = "sha256:"
@@ -64,7 +64,7 @@ class TenantSettings:
     """One tenant's defaults and limits (config ``[tenants.<id>]``, ``[tenants."*"]`` for
     every tenant without its own table). None: the gateway's default, or no limit."""
 
-    strategy: str | None = None
+    strategy: StrategySpec | None = None
     budget: int | None = None
     """Token budget of the cliff strategies; set, it replaces the context guard's."""
     policy: str | None = None
@@ -90,13 +90,14 @@ class TenantSettings:
             raise ValueError(f"tenants.{tenant}: unknown keys {', '.join(sorted(unknown))}")
         values = dict(raw)
         strategy = values.get("strategy")
-        if strategy is not None and (
-            not isinstance(strategy, str) or not set(strategy.split("+")) <= set(STRATEGIES)
-        ):
-            raise ValueError(
-                f"tenants.{tenant}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
-                " or a composition of them ('refold+cliff')"
-            )
+        if strategy is not None:
+            try:
+                values["strategy"] = parse_spec(strategy)
+            except ValueError as exc:
+                raise ValueError(
+                    f"tenants.{tenant}.strategy: {strategy!r} is not one of "
+                    f"{', '.join(STRATEGIES)} or a composition of them ('refold+cliff'): {exc}"
+                ) from None
         policy = values.get("policy")
         if policy is not None and policy not in POLICY_NAMES:
             raise ValueError(

@@ -1,8 +1,12 @@
 """Token counting: one interface over real tokenizers and a labelled byte estimate.
 
-``get_counter(spec)`` builds a :class:`TokenCounter`; :class:`ChatTokenizer` turns neutral
-transcripts into the prompt token ids a ChatML model (Qwen) would read, tokenizing each
-distinct message text once, so a replay over many strategies and steps stays cheap.
+Renderers count a message's tokens with a ``TokenCount`` (``Message -> int``): the
+gateway's ``estimate_tokens`` (``BYTES_PER_TOKEN`` bytes per token, the one byte estimate
+everything sized in "estimated tokens" uses), or ``ChatTokenizer.message_count`` over a
+real vocabulary. ``get_counter(spec)`` builds a :class:`TokenCounter` (text -> ids);
+:class:`ChatTokenizer` turns neutral transcripts into the prompt token ids a ChatML model
+(Qwen) would read, tokenizing each distinct message text once, so a replay over many
+strategies and steps stays cheap.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import json
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,17 @@ from typing import Any
 from gateway.transcript import Message, Opaque, Text, Thinking, ToolCall, Transcript
 
 QWEN_MODEL = "qwen3.6-27b"
+# Bytes of text per estimated token: the gateway's estimate, not a tokenizer.
+BYTES_PER_TOKEN = 4
+
+TokenCount = Callable[[Message], int]
+
+
+def estimate_tokens(message: Message) -> int:
+    """Bytes/4 over everything the model would read: a labelled estimate, not a tokenizer."""
+    size = len(message.text.encode()) + len(message.thinking.encode())
+    size += sum(len(c.name) + len(c.arguments.encode()) for c in message.tool_calls)
+    return size // BYTES_PER_TOKEN + 4
 
 
 class TokenizerUnavailable(RuntimeError):
@@ -131,10 +146,11 @@ class ByteEstimate(TokenCounter):
 
     def encode(self, text: str) -> list[int]:
         data = text.encode()
-        return [zlib.crc32(data[i : i + 4]) for i in range(0, len(data), 4)]
+        step = BYTES_PER_TOKEN
+        return [zlib.crc32(data[i : i + step]) for i in range(0, len(data), step)]
 
     def count(self, text: str) -> int:
-        return -(-len(text.encode()) // 4)
+        return -(-len(text.encode()) // BYTES_PER_TOKEN)
 
 
 def qwen_available() -> bool:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.fold.renderer import Renderer, TokenCount
+from gateway.fold.spec import parse_spec
 from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, SessionPrompts
 from gateway.transcript import Message, Transcript
 from offline.prefix_cache import PrefixCache
@@ -144,7 +145,7 @@ class ReplayResult:
 
     def operators_note(self) -> str:
         """Which ReFold operators this replay exercised."""
-        if not any("refold" in spec.split("+") for spec in self.config.strategies):
+        if not any(parse_spec(spec).has("refold") for spec in self.config.strategies):
             return "ReFold operators: n/a (no refold strategy)"
         sessions = self.trajectory_count
         if self.config.fold == "off":
@@ -329,9 +330,8 @@ def build_renderers(
     count_tokens: TokenCount = chat.message_count
     renderers = {}
     for spec in config.strategies:
-        options = {"fold": fold} if "refold" in spec.split("+") else {}
         renderers[spec] = make_renderer(
-            spec, k=config.k, budget=config.budget, count_tokens=count_tokens, **options
+            spec, k=config.k, budget=config.budget, count_tokens=count_tokens, fold=fold
         )
     return renderers
 

@@ -10,9 +10,20 @@ experiments is to show what a prefix rewritten at every step costs.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
-from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats, step_indices
+from gateway.fold.registry import Strategy, register
+from gateway.fold.renderer import (
+    CLIPPED,
+    MASKED,
+    Rendered,
+    Renderer,
+    RenderState,
+    RenderStats,
+    origin_kind,
+    step_indices,
+    verbatim,
+)
 from gateway.transcript import Message, Text, Transcript
 
 
@@ -31,11 +42,15 @@ class Base(Renderer):
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Rendered:
-        return Rendered(history, None, RenderStats(steps=len(step_indices(history, state))))
+        stats = RenderStats(steps=len(step_indices(history, state)))
+        return Rendered(history, None, stats, *verbatim(history))
 
 
 class _OldOutputs(Renderer):
-    """Rewrites every step older than the last ``keep_last`` with ``_rewrite``."""
+    """Rewrites every step older than the last ``keep_last`` with ``_rewrite``; ``kind``:
+    what such a rewrite is called (``Rendered.kinds``)."""
+
+    kind: ClassVar[str]
 
     def __init__(self, keep_last: int) -> None:
         self.keep_last = require_int("keep_last", keep_last)
@@ -50,20 +65,24 @@ class _OldOutputs(Renderer):
         steps = step_indices(history, state)
         old = steps[: max(0, len(steps) - self.keep_last)]
         messages = list(history.messages)
+        sources, verbatim_kinds = verbatim(history)
+        kinds = list(verbatim_kinds)
         changed = 0
         for step, index in enumerate(old):
             new = self._rewrite(messages[index], step)
             if new is not None:
+                kinds[index] = origin_kind(messages[index], new, self.kind)
                 messages[index] = new
                 changed += 1
         stats = RenderStats(steps=len(steps), boundary=len(old), stubs=changed)
-        return Rendered(history.with_messages(messages), None, stats)
+        return Rendered(history.with_messages(messages), None, stats, sources, tuple(kinds))
 
 
 class Mask(_OldOutputs):
     """Outputs older than the last ``keep_last`` (10) become one line naming their step."""
 
     name = "mask"
+    kind = MASKED
 
     def __init__(self, keep_last: int = 10) -> None:
         super().__init__(keep_last)
@@ -81,6 +100,7 @@ class Clip(_OldOutputs):
     """
 
     name = "clip"
+    kind = CLIPPED
 
     def __init__(self, keep_last: int = 3, max_chars: int = 1_000) -> None:
         super().__init__(keep_last)
@@ -102,3 +122,8 @@ def clip_text(text: str, max_chars: int) -> str:
     cut = len(text) - head - tail
     end = text[len(text) - tail :] if tail else ""
     return f"{text[:head]}\n[... {cut} characters clipped ...]\n{end}"
+
+
+register(Strategy("base", Base))
+register(Strategy("mask", Mask))
+register(Strategy("clip", Clip))

@@ -38,7 +38,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.fold.baselines import require_int
+from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import (
+    SUMMARY,
+    VERBATIM,
     Rendered,
     Renderer,
     RenderState,
@@ -46,7 +49,14 @@ from gateway.fold.renderer import (
     TokenCount,
     estimate_tokens,
 )
-from gateway.transcript import Message, Opaque, Transcript, observation_indices, text_message
+from gateway.fold.summary import (
+    Candidate,
+    Caps,
+    SummaryBuilder,
+    head_end,
+    rewritten_in_place,
+)
+from gateway.transcript import Message, Transcript, observation_indices
 
 PAPER_THOUGHT_CAP = 300
 
@@ -55,12 +65,6 @@ _RUNG_NOTES = {
     3: "cliff ladder: kept 1 recent turn, thoughts capped harder",
     4: "cliff ladder: kept 1 recent turn, thoughts capped harder, summary cut oldest-first",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class _Caps:
-    assistant: int | None
-    thinking: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,39 +91,8 @@ class _Cache:
     final: _State  # as of len(messages): a request point once an assistant message follows
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    cut: int
-    summary: Message | None
-    summary_tokens: int
-    kept_tokens: int
-    rung: int
-
-    def total(self, head_tokens: int) -> int:
-        return head_tokens + self.summary_tokens + self.kept_tokens
-
-
-def head_end(messages: Sequence[Message]) -> int:
-    """End of the verbatim head: the leading system messages and the first user message."""
-    i = 0
-    while i < len(messages) and messages[i].role == "system":
-        i += 1
-    if i < len(messages) and messages[i].role == "user":
-        i += 1
-    return i
-
-
 def _lower(cap: int | None, limit: int) -> int:
     return limit if cap is None else min(cap, limit)
-
-
-def cap_text(text: str, limit: int | None) -> str:
-    """``text`` cut to ``limit`` characters with a marker saying how much went."""
-    if limit is None or len(text) <= limit:
-        return text
-    if limit == 0:
-        return ""  # a cap of 0 leaves the part out
-    return f"{text[:limit]}… [{len(text) - limit} more characters]"
 
 
 class Cliff(Renderer):
@@ -155,9 +128,9 @@ class Cliff(Renderer):
         self.call_arg_cap = call_arg_cap
         self.result_max = result_max
         self.count_tokens = count_tokens
-        self._caps = _Caps(assistant_cap, thinking_cap)
+        self._caps = Caps(assistant_cap, thinking_cap)
         # The ladder's "cap thoughts harder": assistant text and thinking both go down to it.
-        self._hard_caps = _Caps(
+        self._hard_caps = Caps(
             _lower(assistant_cap, hard_thought_cap), _lower(thinking_cap, hard_thought_cap)
         )
         # A cache made under other parameters is not reused.
@@ -272,7 +245,7 @@ class Cliff(Renderer):
             return None
         if messages[:pos] == seen[:pos]:
             return cache.head_tokens, state
-        if not follow or not _rewritten_in_place(messages[:pos], seen[:pos]):
+        if not follow or not rewritten_in_place(messages[:pos], seen[:pos]):
             return None  # another branch, or a history whose prefix was rewritten
         return self._rebase(cache, messages, state)
 
@@ -317,7 +290,7 @@ class Cliff(Renderer):
             return state
         return self._adopt(state, self._compact(messages, source, head, head_tokens, state))
 
-    def _adopt(self, state: _State, candidate: _Candidate) -> _State:
+    def _adopt(self, state: _State, candidate: Candidate) -> _State:
         changed = candidate.cut != state.cut or candidate.summary != state.summary
         return replace(
             state,
@@ -345,9 +318,9 @@ class Cliff(Renderer):
         head: int,
         head_tokens: int,
         state: _State,
-    ) -> _Candidate:
+    ) -> Candidate:
         """The first rung that fits under the threshold, else the most aggressive one."""
-        builder = _Builder(self, messages, source, head, state)
+        builder = SummaryBuilder(self, messages, source, head, state.cut, state.pos)
         cut_k, cut_1 = self._cuts(state)
         for rung, cut, caps in ((1, cut_k, self._caps), (2, cut_1, self._caps)):
             candidate = builder.candidate(rung, cut, caps, 0)
@@ -367,8 +340,8 @@ class Cliff(Renderer):
 
     def _overflow_rungs(
         self, messages: tuple[Message, ...], source: tuple[Message, ...], head: int, state: _State
-    ) -> Iterator[_Candidate]:
-        builder = _Builder(self, messages, source, head, state)
+    ) -> Iterator[Candidate]:
+        builder = SummaryBuilder(self, messages, source, head, state.cut, state.pos)
         cut_k, cut_1 = self._cuts(state)
         yield builder.candidate(1, cut_k, self._caps, 0)
         yield builder.candidate(2, cut_1, self._caps, 0)
@@ -385,9 +358,12 @@ class Cliff(Renderer):
         messages = history.messages
         head = cache.head
         out = list(messages[:head])
-        if state.summary is not None:
-            out.append(state.summary)
+        summary = () if state.summary is None else (state.summary,)
+        out.extend(summary)
         out.extend(messages[state.cut :])
+        kept = len(messages) - state.cut
+        sources = (*range(head), *(None for _ in summary), *range(state.cut, len(messages)))
+        kinds = (VERBATIM,) * head + (SUMMARY,) * len(summary) + (VERBATIM,) * kept
         observations = observation_indices(messages)
         total = head_tokens + state.summary_tokens + state.kept_tokens
         stats = RenderStats(
@@ -397,103 +373,16 @@ class Cliff(Renderer):
             notes=(_RUNG_NOTES[state.rung],) if state.rung in _RUNG_NOTES else (),
             over_budget=total > self.threshold,
         )
-        return Rendered(history.with_messages(out), cache, stats)
+        return Rendered(history.with_messages(out), cache, stats, sources, kinds)
 
 
-def _rewritten_in_place(now: Sequence[Message], was: Sequence[Message]) -> bool:
-    """Same length, and each message keeps its role and its tool-call ids."""
-    return len(now) == len(was) and all(
-        a.role == b.role
-        and a.tool_call_id == b.tool_call_id
-        and [c.id for c in a.tool_calls] == [c.id for c in b.tool_calls]
-        for a, b in zip(now, was, strict=True)
+register(
+    Strategy(
+        "cliff",
+        Cliff,
+        settings=lambda s: {"threshold": s.budget, "count_tokens": s.count_tokens},
+        needs_budget=True,
+        # It keeps its last context's messages and its running token counts (measured).
+        cache_bytes_per_text_byte=0.8,
     )
-
-
-class _Builder:
-    """Builds summary candidates for one compaction at ``state.pos``: token counts from
-    ``messages`` (what is sent), summary entries from ``source`` when it lines up with them
-    (see ``Cliff.follow``), else from ``messages``."""
-
-    def __init__(
-        self,
-        cliff: Cliff,
-        messages: tuple[Message, ...],
-        source: tuple[Message, ...],
-        head: int,
-        state: _State,
-    ) -> None:
-        self.cliff = cliff
-        pos = state.pos
-        lined_up = len(source) >= pos and _rewritten_in_place(source[:pos], messages[:pos])
-        self.messages = source if lined_up else messages
-        self.head = head
-        self.state = state
-        # Observations as the prefix shows them (text-action harnesses: user messages).
-        self.observations = frozenset(observation_indices(self.messages[:pos]))
-        self._kept = [cliff.count_tokens(m) for m in messages[state.cut : state.pos]]
-        self._entries: dict[tuple[int, _Caps], list[str]] = {}
-
-    def kept_tokens(self, cut: int) -> int:
-        return sum(self._kept[cut - self.state.cut :])
-
-    def entries(self, cut: int, caps: _Caps) -> list[str]:
-        key = (cut, caps)
-        if key not in self._entries:
-            self._entries[key] = self._summarise(cut, caps)
-        return self._entries[key]
-
-    def candidate(self, rung: int, cut: int, caps: _Caps, drop: int) -> _Candidate:
-        if cut <= self.head:
-            return _Candidate(cut, None, 0, self.kept_tokens(cut), rung)
-        entries = self.entries(cut, caps)
-        lines = [
-            f"[Earlier conversation compacted: {cut - self.head} messages are summarised "
-            f"below, oldest first. Tool calls are shown as signatures; tool results longer "
-            f"than {self.cliff.result_max} characters were dropped.]"
-        ]
-        if drop:
-            lines.append(f"[The {drop} oldest summary entries were cut to fit the context.]")
-        lines.extend(entries[drop:])
-        summary = text_message("user", "\n".join(lines))
-        tokens = self.cliff.count_tokens(summary)
-        return _Candidate(cut, summary, tokens, self.kept_tokens(cut), rung)
-
-    def _summarise(self, cut: int, caps: _Caps) -> list[str]:
-        cliff = self.cliff
-        call_names: dict[str, str] = {}
-        out: list[str] = []
-        for i in range(self.head, cut):
-            m = self.messages[i]
-            if i in self.observations:
-                out.append(self._result(m, call_names))
-            elif m.role == "assistant":
-                thinking = cap_text(m.thinking, caps.thinking)
-                if thinking:
-                    out.append(f"assistant thinking: {thinking}")
-                text = cap_text(m.text, caps.assistant)
-                if text:
-                    out.append(f"assistant: {text}")
-                for call in m.tool_calls:
-                    call_names[call.id] = call.name
-                    out.append(f"call: {call.name}({cap_text(call.arguments, cliff.call_arg_cap)})")
-            else:
-                text = cap_text(m.text, cliff.user_cap)
-                attachments = sum(1 for p in m.parts if isinstance(p, Opaque))
-                if attachments:
-                    text += f" [{attachments} attachment(s) omitted]"
-                if text:
-                    out.append(f"{m.role}: {text}")
-        return out
-
-    def _result(self, m: Message, call_names: dict[str, str]) -> str:
-        if m.role == "tool":
-            label = f"result of {call_names.get(m.tool_call_id or '', 'a tool call')}"
-        else:
-            label = "observation"
-        if m.is_error:
-            label += " (error)"
-        text = m.text
-        if len(text) > self.cliff.result_max:
-            return f"{label}: dropped ({len(text)} characters)"
-        return f"{label}: {text}"
+)

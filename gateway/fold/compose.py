@@ -35,7 +35,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
+from gateway.fold.renderer import (
+    LABELLED,
+    VERBATIM,
+    Rendered,
+    Renderer,
+    RenderState,
+    RenderStats,
+)
 from gateway.transcript import Message, Transcript
 
 
@@ -87,16 +94,10 @@ class Composed(Renderer):
             inner_cache, outer_cache = cache if cache is not None else (None, None)
             first = self.inner.render(history, state, inner_cache)
             second = self.outer.render(first.transcript, None, outer_cache)
-            return Rendered(
-                second.transcript, (first.cache, second.cache), merge_stats(first, second)
-            )
+            return joined(first, second, (first.cache, second.cache))
         first, outer_cache = self._points(self.outer, history, state, cache)
         second = self.outer.follow(first.transcript, outer_cache, history.messages)
-        return Rendered(
-            second.transcript,
-            _Points(self, history.messages, first.cache, second.cache),
-            merge_stats(first, second),
-        )
+        return joined(first, second, _Points(self, history.messages, first.cache, second.cache))
 
     def compact_for_overflow(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
@@ -108,10 +109,8 @@ class Composed(Renderer):
                 first.transcript, None, outer_cache, follow=True, source=history.messages
             )
             for second in ladder:
-                yield Rendered(
-                    second.transcript,
-                    _Points(self, history.messages, first.cache, second.cache),
-                    merge_stats(first, second),
+                yield joined(
+                    first, second, _Points(self, history.messages, first.cache, second.cache)
                 )
             return
         outer_ladder = getattr(self.outer, "compact_for_overflow", None)
@@ -120,9 +119,7 @@ class Composed(Renderer):
         inner_cache, outer_cache = cache if cache is not None else (None, None)
         first = self.inner.render(history, state, inner_cache)
         for second in outer_ladder(first.transcript, None, outer_cache):
-            yield Rendered(
-                second.transcript, (first.cache, second.cache), merge_stats(first, second)
-            )
+            yield joined(first, second, (first.cache, second.cache))
 
     def _points(
         self, outer: Follower, history: Transcript, state: RenderState | None, cache: Any
@@ -155,6 +152,21 @@ def _before(state: RenderState | None, point: int) -> RenderState | None:
     if state is None:
         return None
     return replace(state, restored=frozenset(i for i in state.restored if i < point))
+
+
+def joined(first: Rendered, second: Rendered, cache: Any) -> Rendered:
+    """``second``, made over ``first``'s rendering, traced back to ``first``'s history: a
+    message ``second`` kept as it was is what ``first`` made of it. Untraced (empty
+    origins) when either part reports none."""
+    inner_sources, inner_kinds = first.sources, first.kinds
+    if len(inner_sources) != len(first.transcript.messages):
+        return Rendered(second.transcript, cache, merge_stats(first, second))
+    sources = tuple(None if s is None else inner_sources[s] for s in second.sources)
+    kinds = tuple(
+        inner_kinds[s] if s is not None and k in (VERBATIM, LABELLED) else k
+        for s, k in zip(second.sources, second.kinds, strict=True)
+    )
+    return Rendered(second.transcript, cache, merge_stats(first, second), sources, kinds)
 
 
 def merge_stats(first: Rendered, second: Rendered) -> RenderStats:

@@ -8,7 +8,7 @@ after the first changed token must be prefilled again. Hence:
 - **Each output is rendered once, when it arrives, and then stays as it is** — unless a
   priced fold rewrites it (below). Deduplication happens at arrival: a span that an earlier
   shown output holds verbatim becomes a one-line stub naming that output (see
-  ``spans.py``). Stubbing new text invalidates nothing, so dedup never rewrites; and since
+  ``dedup.py``). Stubbing new text invalidates nothing, so dedup never rewrites; and since
   the first copy is never folded while a stub names it, the content stays on screen.
 - **Protocol text only while it can pay.** Fold mode ``on`` is the paper's setting: the
   system prompt asks for ``PROGRESS``/``STALE`` lines, every output is labelled
@@ -41,38 +41,41 @@ built for (same messages, same restored set, same parameters) and ignored when t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
-from gateway.fold.pricing import rewrite_pays, rewrite_value
-from gateway.fold.protocol import (
-    FOLD_INSTRUCTION,
-    accepted_stale,
-    ask_text,
-    fold_note,
-    fold_pointer,
-    parse_reply,
-    reminder_text,
-)
-from gateway.fold.renderer import (
-    Rendered,
-    Renderer,
-    RenderState,
-    RenderStats,
-    TokenCount,
-    estimate_tokens,
-)
-from gateway.fold.restore import restore_tool_schema
-from gateway.fold.spans import (
-    DedupIndex,
+from gateway.fold.calls import (
     FileView,
-    dedup_output,
     describe_producer,
     path_from_call,
     path_from_command,
     view_from_call,
     view_from_command,
 )
+from gateway.fold.dedup import dedup_output
+from gateway.fold.folds import decide_folds
+from gateway.fold.protocol import (
+    FOLD_INSTRUCTION,
+    accepted_stale,
+    ask_text,
+    parse_reply,
+    reminder_text,
+)
+from gateway.fold.refold_cache import PendingNote, ReFoldCache
+from gateway.fold.registry import Strategy, register
+from gateway.fold.renderer import (
+    ADDED,
+    STUB,
+    Rendered,
+    Renderer,
+    RenderState,
+    RenderStats,
+    TokenCount,
+    estimate_tokens,
+    noted_kind,
+    origin_kind,
+)
+from gateway.fold.restore import restore_tool_schema
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
 FOLD_MODES = ("auto", "on", "off")
@@ -92,60 +95,6 @@ def fold_mode(fold: bool | str) -> str:
     if fold not in FOLD_MODES:
         raise ValueError(f"ReFold fold mode must be one of {', '.join(FOLD_MODES)}, got {fold!r}")
     return fold
-
-
-@dataclass(slots=True)
-class _Note:
-    """An ask or reminder shown at the end of one output while no reply follows it."""
-
-    step: int
-    text: str
-    ask: bool
-    message: Message | None = None  # the output with the note, made once
-
-
-@dataclass(eq=False, slots=True)
-class ReFoldCache:
-    """Per-session state of ReFold: what the history holds so far and its rendering."""
-
-    key: tuple[Any, ...]
-    text_mode: bool
-    protocol: str  # "on", "off", "asking", "live" or "abandoned"
-    seen: tuple[Message, ...] = ()
-    restored: frozenset[int] = frozenset()
-    # scan of the history, one entry per step
-    steps: list[int] = field(default_factory=list)  # history positions
-    step_of: dict[int, int] = field(default_factory=dict)
-    producers: list[ToolCall | str | None] = field(default_factory=list)
-    progress: list[str | None] = field(default_factory=list)
-    stale: set[int] = field(default_factory=set)
-    first_reply: int | None = None
-    calls: dict[str, ToolCall] = field(default_factory=dict)
-    last_reply: str = ""
-    awaiting: list[int] = field(default_factory=list)  # steps waiting for a PROGRESS line
-    replied: bool = False
-    gap: list[tuple[int, bool]] = field(default_factory=list)  # replies since the last step
-    misses: int = 0
-    asks: int = 0
-    note: _Note | None = None
-    requests: int = 0  # replies so far: each was one model request
-    # rendering: one message per history position, and its token count
-    out: list[Message] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    head: tuple[Message, ...] = ()
-    index: DedupIndex = field(default_factory=DedupIndex)
-    folded: set[int] = field(default_factory=set)
-    decided: int = 0  # the boundary the last fold decision was taken at
-    restore_offered: bool = False
-    stubs: int = 0
-    # per step: stubs in its rendering and the tokens they removed (until it is folded)
-    step_stubs: dict[int, tuple[int, int]] = field(default_factory=dict)
-    # accounting, in count_tokens units
-    overhead: int = 0
-    stub_saved: int = 0
-    fold_saved: int = 0
-    rewrites: int = 0
-    reprefill: int = 0
 
 
 class ReFold(Renderer):
@@ -177,9 +126,12 @@ class ReFold(Renderer):
         c = self._usable(cache, history, state) or self._fresh(history, state)
         self._scan(c, history, state)
         messages = list(c.out)
+        kinds = [ADDED] * len(c.head) + c.kinds
         note = self._note_message(c)
         if note is not None:
-            messages[c.steps[c.note.step]] = note  # type: ignore[union-attr]
+            at = c.steps[c.note.step]  # type: ignore[union-attr]
+            messages[at] = note
+            kinds[len(c.head) + at] = c.note.kind  # type: ignore[union-attr]
         tools = history.tools
         overhead = c.overhead
         if c.restore_offered and tools and not c.text_mode:
@@ -200,7 +152,8 @@ class ReFold(Renderer):
             reprefill_tokens=c.reprefill,
         )
         rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
-        return Rendered(rendered, c, stats)
+        sources = (None,) * len(c.head) + tuple(range(len(messages)))
+        return Rendered(rendered, c, stats, sources, tuple(kinds))
 
     # -- cache -------------------------------------------------------------------------
 
@@ -243,20 +196,24 @@ class ReFold(Renderer):
                 # The reply right before a restored message asked for the restore.
                 if c.gap and c.gap[-1][0] == pos - 1:
                     c.gap.pop()
-                self._put(c, pos, m)
+                self._put(c, m, m)
             elif m.role == "assistant":
                 self._scan_reply(c, pos, m)
-                self._put(c, pos, m)
+                self._put(c, m, m)
             elif (m.role == "tool") if not c.text_mode else _is_observation(c, m):
                 self._scan_step(c, history, state, pos, m)
             else:
-                self._put(c, pos, self._plain(c, pos, m))
+                self._put(c, m, self._plain(c, pos, m))
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))
 
-    def _put(self, c: ReFoldCache, pos: int, rendered: Message, tokens: int | None = None) -> None:
+    def _put(
+        self, c: ReFoldCache, original: Message, rendered: Message, tokens: int | None = None
+    ) -> None:
+        """Render the next history position: ``original`` shown as ``rendered``."""
         c.out.append(rendered)
         c.tokens.append(self.count_tokens(rendered) if tokens is None else tokens)
+        c.kinds.append(origin_kind(original, rendered, STUB))
 
     def _scan_reply(self, c: ReFoldCache, pos: int, m: Message) -> None:
         if c.first_reply is None:
@@ -279,6 +236,7 @@ class ReFold(Renderer):
                 c.protocol = "live"
                 at = c.steps[note.step]
                 c.out[at] = self._note_message(c, note)
+                c.kinds[at] = note.kind
                 c.overhead += self.count_tokens(c.out[at]) - c.tokens[at]
                 c.tokens[at] = self.count_tokens(c.out[at])
             else:
@@ -311,10 +269,10 @@ class ReFold(Renderer):
         for _, complete in c.gap:
             c.misses = 0 if complete else c.misses + 1
         if c.gap and not c.gap[-1][1]:
-            c.note = _Note(step, reminder_text(c.misses), ask=False)
+            c.note = PendingNote(step, reminder_text(c.misses), ask=False)
         elif c.note is not None:
             # Parallel outputs: the note moves to the newest, the end of the prompt.
-            c.note = _Note(step, c.note.text, c.note.ask)
+            c.note = PendingNote(step, c.note.text, c.note.ask)
         c.gap.clear()
         labelled = c.protocol in ("on", "live")
         original = self.count_tokens(m)
@@ -334,14 +292,16 @@ class ReFold(Renderer):
             c.step_stubs[step] = (stubs, original - deduped_tokens)
         c.stub_saved += original - deduped_tokens
         rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
-        self._put(c, pos, rendered, None if labelled else deduped_tokens)
+        self._put(c, m, rendered, None if labelled else deduped_tokens)
         c.overhead += c.tokens[pos] - deduped_tokens
         if c.protocol == "asking" and (c.note is None or c.note.ask):
-            c.note = _Note(step, ask_text(step), ask=True)
+            c.note = PendingNote(step, ask_text(step), ask=True)
         boundary = chunk_boundary(len(c.steps), self.k)
         if boundary > c.decided:
             if c.protocol in ("on", "live"):
-                self._decide(c, history, state, boundary, pos)
+                decide_folds(
+                    c, history, state, boundary, pos, self.count_tokens, self._restore_tool_tokens
+                )
             c.decided = boundary
 
     def _plain(self, c: ReFoldCache, pos: int, m: Message) -> Message:
@@ -354,7 +314,7 @@ class ReFold(Renderer):
 
     # -- the transient note --------------------------------------------------------------
 
-    def _note_message(self, c: ReFoldCache, note: _Note | None = None) -> Message | None:
+    def _note_message(self, c: ReFoldCache, note: PendingNote | None = None) -> Message | None:
         """The output carrying the pending ask or reminder, while no reply follows it."""
         note = note or c.note
         if note is None:
@@ -362,97 +322,8 @@ class ReFold(Renderer):
         if note.message is None:
             at = c.steps[note.step]
             note.message = c.out[at].with_text(f"{c.out[at].text}\n\n{note.text}")
+            note.kind = noted_kind(c.kinds[at])
         return note.message
-
-    # -- priced folds --------------------------------------------------------------------
-
-    def _decide(
-        self, c: ReFoldCache, history: Transcript, state: RenderState, boundary: int, now: int
-    ) -> None:
-        """Fold stale steps below ``boundary`` where that pays, as of history position
-        ``now`` (the output that moved the boundary; what is before it was sent already).
-
-        Folding a later candidate re-prefills less than folding an earlier one, so the
-        choice is the latest-starting set of candidates (all candidates from some step on)
-        whose saving beats its re-prefill by the most; earlier ones wait."""
-        candidates = sorted(
-            s
-            for s in c.stale
-            if s < boundary
-            and s not in c.folded
-            and s not in state.pinned
-            and s not in c.index.sources
-        )
-        best: tuple[float, set[int], dict[int, Message], dict[int, int], int, int] | None = None
-        # A folded step's text depends only on its run's ends, which most suffixes share:
-        # render and count each (step, run) once, not once per suffix tried.
-        seen: dict[tuple[int, int, int], tuple[Message, int]] = {}
-        for j in range(len(candidates)):
-            chosen = set(candidates[j:])
-            folded = c.folded | chosen
-            changed: set[int] = set()
-            for s in chosen:
-                first, last = _run(folded, s)
-                changed.update(range(first, last + 1))
-            renders: dict[int, Message] = {}
-            tokens: dict[int, int] = {}
-            for s in changed:
-                first, last = _run(folded, s)
-                key = (s, first, last if s == first else first)
-                if key not in seen:
-                    message = self._folded(c, history, s, first, last)
-                    seen[key] = (message, self.count_tokens(message))
-                renders[c.steps[s]], tokens[c.steps[s]] = seen[key]
-            saved = sum(c.tokens[pos] - n for pos, n in tokens.items())
-            saved += sum(c.step_stubs.get(s, (0, 0))[1] for s in chosen)
-            start = min(renders)
-            if not c.restore_offered and history.tools and not c.text_mode:
-                # The restore tool joins the schemas: all after them is prefilled again.
-                start = next((i for i, m in enumerate(c.out) if m.role != "system"), start)
-            reprefill = sum(tokens.get(pos, c.tokens[pos]) for pos in range(start, now))
-            if not c.restore_offered:
-                reprefill += self._restore_tool_tokens
-            if not rewrite_pays(saved, reprefill, c.requests, state.pressure):
-                continue
-            gain = rewrite_value(saved, c.requests, state.pressure) - reprefill
-            if best is None or gain > best[0]:
-                best = (gain, chosen, renders, tokens, saved, reprefill)
-        if best is None:
-            return
-        _, chosen, renders, tokens, saved, reprefill = best
-        for pos, message in renders.items():
-            c.out[pos] = message
-            c.tokens[pos] = tokens[pos]
-        c.folded |= chosen
-        c.index.hidden |= chosen
-        for s in chosen:  # a folded step's stubs are gone with its text
-            stubs, stub_saved = c.step_stubs.pop(s, (0, 0))
-            c.stubs -= stubs
-            c.stub_saved -= stub_saved
-        c.fold_saved += saved
-        c.rewrites += 1
-        c.reprefill += reprefill
-        c.restore_offered = True
-
-    def _folded(
-        self, c: ReFoldCache, history: Transcript, step: int, first: int, last: int
-    ) -> Message:
-        """Step ``step``'s text when the run of folded steps ``first``..``last`` holds it."""
-        m = history.messages[c.steps[step]]
-        if step == first:
-            note = fold_note(first, last, [c.progress[s] for s in range(first, last + 1)])
-            return m.with_text(f"[step {first}]\n{note}")
-        return m.with_text(f"[step {step}]\n{fold_pointer(first)}")
-
-
-def _run(folded: set[int], step: int) -> tuple[int, int]:
-    """The first and last step of the run of adjacent folded steps holding ``step``."""
-    first = last = step
-    while first - 1 in folded:
-        first -= 1
-    while last + 1 in folded:
-        last += 1
-    return first, last
 
 
 def _tool_tokens(count_tokens: TokenCount) -> int:
@@ -476,3 +347,20 @@ def _view_hint(producer: ToolCall | str | None) -> FileView | None:
     if isinstance(producer, ToolCall):
         return view_from_call(producer.name, producer.arguments)
     return view_from_command(producer) if producer else None
+
+
+register(
+    Strategy(
+        "refold",
+        ReFold,
+        settings=lambda s: (
+            {"k": s.k, "dedup": True, "count_tokens": s.count_tokens}
+            | ({} if s.fold is None else {"fold": s.fold})
+        ),
+        takes_fold_mode=True,
+        # It keeps the rendered prefix as new message objects with their derived fields
+        # (digests, token counts, stub index): 6x the text of bench/memory.py's sessions,
+        # 7.3x of short source lines; charged 7x.
+        cache_bytes_per_text_byte=7.0,
+    )
+)

@@ -10,20 +10,13 @@ cache gives exactly the same transcript.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+# The token-count interface renderers take is the ground floor's (re-exported here).
+from gateway.tokens import TokenCount as TokenCount
+from gateway.tokens import estimate_tokens as estimate_tokens
 from gateway.transcript import Message, Transcript, observation_indices
-
-TokenCount = Callable[[Message], int]
-
-
-def estimate_tokens(message: Message) -> int:
-    """Bytes/4 over everything the model would read: a labelled estimate, not a tokenizer."""
-    size = len(message.text.encode()) + len(message.thinking.encode())
-    size += sum(len(c.name) + len(c.arguments.encode()) for c in message.tool_calls)
-    return size // 4 + 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +59,30 @@ class RenderStats:
     reprefill_tokens: int = 0
 
 
+# What a rendered message is, for the inspector: the history message as it is, or with all
+# its content kept and a label or note added; ReFold's stub or fold; a cliff's summary;
+# mask's and clip's rewrites; any other strategy's rewrite; a message the strategy added.
+VERBATIM = "verbatim"
+LABELLED = "labelled"
+STUB = "stub"
+FOLD = "fold"
+SUMMARY = "summary"
+MASKED = "masked"
+CLIPPED = "clipped"
+REWRITTEN = "rewritten"
+ADDED = "added"
+
+
 @dataclass(frozen=True, slots=True)
 class Rendered:
+    """A rendering. ``sources``: for each rendered message, the history index it renders
+    (None: the strategy added it); ``kinds``: what it is (``VERBATIM`` ... ``ADDED``)."""
+
     transcript: Transcript
     cache: Any = None
     stats: RenderStats = field(default_factory=RenderStats)
+    sources: tuple[int | None, ...] = ()
+    kinds: tuple[str, ...] = ()
 
 
 class Renderer(ABC):
@@ -88,3 +100,31 @@ def step_indices(history: Transcript, state: RenderState | None = None) -> list[
     """History indices of the steps (tool outputs), gateway-restored content excluded."""
     restored = state.restored if state else frozenset()
     return [i for i in observation_indices(history.messages) if i not in restored]
+
+
+def keeps_content(original: Message, rendered: Message) -> bool:
+    """``rendered`` still holds all of ``original``'s text, thinking and calls."""
+    return (
+        original.text in rendered.text
+        and original.thinking == rendered.thinking
+        and original.tool_calls == rendered.tool_calls
+    )
+
+
+def origin_kind(original: Message, rendered: Message, rewritten: str) -> str:
+    """The kind of ``rendered``, which renders ``original``: ``VERBATIM``, ``LABELLED``
+    (content kept), else the strategy's kind of rewrite ``rewritten``."""
+    if rendered is original or rendered == original:
+        return VERBATIM
+    return LABELLED if keeps_content(original, rendered) else rewritten
+
+
+def noted_kind(kind: str) -> str:
+    """The kind of a message of kind ``kind`` with a note appended to its text."""
+    return LABELLED if kind in (VERBATIM, LABELLED) else kind
+
+
+def verbatim(history: Transcript) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``sources`` and ``kinds`` of a rendering that is ``history`` itself."""
+    n = len(history.messages)
+    return tuple(range(n)), (VERBATIM,) * n

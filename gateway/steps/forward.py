@@ -21,7 +21,7 @@ from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.openai_chat import encode_request
-from gateway.fold.cliff import Cliff
+from gateway.fold.bound import overflow_ladder
 from gateway.fold.renderer import estimate_tokens
 from gateway.steps.ingest import Prepared
 from gateway.tenants import Tenants
@@ -30,7 +30,6 @@ from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
 from router.replica import Replica
 
-UNBOUNDED_TOKENS = 1 << 40
 _CONTEXT_TOO_LONG = re.compile(
     r"maximum context length|maximum model length|context length|prompt is too long", re.I
 )
@@ -121,9 +120,7 @@ class Forward:
     ) -> tuple[Replica, ChatStream, int]:
         """The upstream refused the context as too long: walk CliffCompaction's ladder over
         the rendering, retrying with each smaller rung until one is accepted."""
-        # The threshold only decides unforced compactions; the ladder ignores it.
-        ladder = Cliff(threshold=UNBOUNDED_TOKENS).compact_for_overflow(rendered)
-        for rung in ladder:
+        for rung in overflow_ladder(rendered):
             metrics.OVERFLOW_RETRIES.inc()
             prepared.overflow_retries += 1
             try:

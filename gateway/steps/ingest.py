@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.fold.renderer import RenderState, RenderStats
+from gateway.fold.spec import StrategySpec
 from gateway.request_cache import Decoded, MessageMemo
 from gateway.transcript import Message, Transcript
 from store import Assign, IngestResult, Lookup, SessionStore
@@ -54,7 +55,7 @@ class Prepared:
 
     tenant: str
     session: str
-    strategy: str
+    strategy: StrategySpec
     fold: str  # ReFold's fold mode for this request ("auto", "on", "off")
     transcript: Transcript
     stored: list[dict[str, Any]]  # the transcript's messages as the store keeps them

@@ -18,37 +18,23 @@ from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.errors import DialectError
-from gateway.fold import make_renderer
 from gateway.fold.renderer import Renderer
+from gateway.fold.spec import StrategySpec, parse_spec
 from gateway.lru import LRU
-from gateway.request_cache import BYTES_PER_TOKEN
 from gateway.steps.ingest import Prepared
+from gateway.tokens import BYTES_PER_TOKEN
 from gateway.transcript import Transcript
 
-# Memory a session's renderer cache keeps alive per byte of the history's text (the
-# gateway's estimate, ``BYTES_PER_TOKEN`` per estimated token), by the strategy that keeps
-# it; a composition keeps each part's cache. Measured with tracemalloc over synthetic agent
-# sessions, each cache alone in the process (what its entries free when dropped), by
-# tests/gateway/test_lru.py, which fails when they drift. ReFold keeps the rendered
-# prefix as new message objects with their derived fields (digests, token counts, stub
-# index): 6x the text of bench/memory.py's sessions, 7.3x of short source lines; charged
-# 7x. CliffCompaction keeps its last context's messages and its running token counts. The
-# others keep nothing that grows with the session.
-CACHE_MEMORY_PER_TEXT_BYTE = {"refold": 7.0, "cliff": 0.8}
 # An entry of a strategy without a cache: its key and bookkeeping (measured ~400 B).
 CACHE_ENTRY_BYTES = 512
 
 
-def cache_memory(strategy: str, history_tokens: int) -> int:
+def cache_memory(strategy: str | StrategySpec, history_tokens: int) -> int:
     """What the LRU charges for a session's renderer cache: its estimated memory, in bytes,
-    for a history of ``history_tokens`` estimated tokens."""
-    per_byte = sum(CACHE_MEMORY_PER_TEXT_BYTE.get(part, 0.0) for part in strategy.split("+"))
+    for a history of ``history_tokens`` estimated tokens (each strategy registers what its
+    cache keeps per byte of history text; a composition keeps each part's cache)."""
+    per_byte = parse_spec(strategy).cache_bytes_per_text_byte
     return CACHE_ENTRY_BYTES + int(history_tokens * BYTES_PER_TOKEN * per_byte)
-
-
-def fold_options(strategy: str, fold: str) -> dict[str, str]:
-    """``make_renderer`` options for ReFold's fold mode (only a strategy with refold takes it)."""
-    return {"fold": fold} if "refold" in strategy.split("+") else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,36 +50,35 @@ class Render:
         self.config = config
         self.guard = guard
         self.pressure = pressure
-        self._renderers: dict[str, Renderer] = {}
         self._sessions: LRU[_SessionRender] = LRU(
             config.render_cache_bytes, **metrics.cache_callbacks("render")
         )
 
+    def spec(self, text: str | StrategySpec) -> StrategySpec:
+        """The strategy spec ``text`` names; one that names none is the client's error (a
+        400 naming the strategy header)."""
+        try:
+            return parse_spec(text)
+        except ValueError as exc:
+            raise DialectError(str(exc), param=self.config.strategy_header) from exc
+
     def renderer(
-        self, strategy: str, fold: str | None = None, budget: int | None = None
+        self, strategy: str | StrategySpec, fold: str | None = None, budget: int | None = None
     ) -> Renderer:
         """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
         config's and only matters when the strategy contains refold; ``budget`` (a tenant's)
         to the config's. An unknown strategy or fold mode is the client's error (a 400
         naming the header)."""
+        spec = self.spec(strategy)
         fold = fold or self.config.fold
         budget = self.config.budget if budget is None else budget
-        key = f"{strategy}/{fold}" if "refold" in strategy.split("+") else strategy
-        key = f"{key}@{budget}"
-        if key not in self._renderers:
-            try:
-                self._renderers[key] = make_renderer(
-                    strategy,
-                    k=self.config.k,
-                    budget=budget,
-                    **fold_options(strategy, fold),
-                )
-            except ValueError as exc:
-                header = self.config.strategy_header
-                if "fold mode" in str(exc):
-                    header = self.config.fold_header
-                raise DialectError(str(exc), param=header) from exc
-        return self._renderers[key]
+        try:
+            return self.guard.renderers.get(spec, fold, budget)
+        except ValueError as exc:
+            header = self.config.strategy_header
+            if "fold mode" in str(exc):
+                header = self.config.fold_header
+            raise DialectError(str(exc), param=header) from exc
 
     def __call__(self, prepared: Prepared) -> tuple[Transcript, int]:
         """The rendered transcript and its token estimate."""

@@ -122,7 +122,7 @@ def build_workload(
             spec,
             k=config.k,
             budget=config.budget,
-            **({"fold": fold} if "refold" in spec.split("+") else {}),
+            fold=fold,
         )
         for spec in config.strategies
     }

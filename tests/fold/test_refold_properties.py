@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.fold.dedup import MIN_RUN_LINES
 from gateway.fold.protocol import reminder_text
 from gateway.fold.refold import ReFold
 from gateway.fold.renderer import RenderState, step_indices
 from gateway.fold.restore import parse_restore_spec, restore_outputs
-from gateway.fold.spans import MIN_RUN_LINES, split_spans
+from gateway.fold.spans import split_spans
 from gateway.transcript import Message, ToolCall, Transcript, text_message, tool_message
 from tests.fold.conftest import Turn, numbered, protocol, source_lines, text_history, tool_history
 
@@ -316,9 +317,7 @@ def test_prefix_property_and_cache_equality_as_the_history_grows(case: Case) -> 
     cache, previous, previous_rewrites = None, None, 0
     for end in range(1, len(case.history.messages) + 1):
         part = case.history.with_messages(case.history.messages[:end])
-        state = replace(
-            case.state, restored=frozenset(i for i in case.state.restored if i < end)
-        )
+        state = replace(case.state, restored=frozenset(i for i in case.state.restored if i < end))
         warm = r.render(part, state, cache)
         cold = r.render(part, state)
         assert warm.transcript == cold.transcript and warm.stats == cold.stats

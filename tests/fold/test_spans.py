@@ -6,19 +6,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.fold.spans import (
+from gateway.fold.calls import (
+    FileView,
+    path_from_call,
+    path_from_command,
+    view_from_call,
+    view_from_command,
+)
+from gateway.fold.dedup import (
     MIN_RUN_CHARS,
     MIN_RUN_LINES,
     MIN_SPAN_CHARS,
     DedupIndex,
-    FileView,
     dedup_output,
-    path_from_call,
-    path_from_command,
-    split_spans,
-    view_from_call,
-    view_from_command,
 )
+from gateway.fold.spans import split_spans
 from tests.fold.conftest import numbered, source_lines
 
 LINES = source_lines(40)
@@ -236,8 +238,7 @@ def test_without_a_known_view_the_stub_names_the_output_lines() -> None:
     text, count = dedup_output("header\n" + window(15, 24) + "\nfooter", 1, index)
     assert count == 1
     assert text == (
-        "header\n[lines 2-11: same as step 0 lines 6-15 — restore 1 to see them]"
-        "\nfooter"
+        "header\n[lines 2-11: same as step 0 lines 6-15 — restore 1 to see them]\nfooter"
     )
 
 
@@ -281,8 +282,7 @@ def test_a_span_a_run_cut_into_is_not_named_as_shown_later() -> None:
     text, _ = dedup_output("again\n" + numbered(10, CODE[9:40]), 2, index, "src/mod.py")
     assert "[duplicate of step 1" not in text
     assert text.split("\n")[1:] == [
-        "[lines 2-12: same as step 0 lines 10-20 (src/mod.py lines 10-20) "
-        "— restore 2 to see them]",
+        "[lines 2-12: same as step 0 lines 10-20 (src/mod.py lines 10-20) — restore 2 to see them]",
         "[lines 13-32: same as step 1 lines 12-31 (src/mod.py lines 21-40) "
         "— restore 2 to see them]",
     ]

@@ -18,13 +18,13 @@ from gateway.context_guard import (
     MARGIN,
     PRIOR_RATIO,
     ContextGuard,
-    guarded_spec,
     reply_room,
     rounded_ratio,
     threshold,
     tools_estimate,
     window_of,
 )
+from gateway.fold.bound import Renderers, bounded
 from gateway.fold.cliff import Cliff
 from gateway.fold.compose import Composed
 from gateway.transcript import Transcript, text_message
@@ -77,12 +77,12 @@ def test_window_of_reads_vllm_models() -> None:
     assert window_of({"data": [{"id": "x", "max_model_len": "4096"}]}, None) is None
 
 
-def test_guarded_spec_puts_one_cliff_outside() -> None:
-    assert guarded_spec("refold") == "refold+cliff"
-    assert guarded_spec("base") == "base+cliff"
-    assert guarded_spec("cliff") == "cliff"
-    assert guarded_spec("refold+cliff") == "refold+cliff"
-    assert guarded_spec("cliff+mask") == "cliff+mask+cliff"
+def test_bounded_puts_one_cliff_outside() -> None:
+    assert str(bounded("refold")) == "refold+cliff"
+    assert str(bounded("base")) == "base+cliff"
+    assert str(bounded("cliff")) == "cliff"
+    assert str(bounded("refold+cliff")) == "refold+cliff"
+    assert str(bounded("cliff+mask")) == "cliff+mask+cliff"
 
 
 def test_tools_estimate_is_a_quarter_of_their_json() -> None:
@@ -92,12 +92,6 @@ def test_tools_estimate_is_a_quarter_of_their_json() -> None:
 
 
 # -- the guard's rules ------------------------------------------------------------------
-
-
-def made(spec: str, limit: int, options: Any) -> Any:
-    from gateway.fold import make_renderer
-
-    return make_renderer(spec, budget=limit)
 
 
 def guard_over(windows: dict[str, Any], enabled: bool = True) -> tuple[ContextGuard, list[str]]:
@@ -113,7 +107,7 @@ def guard_over(windows: dict[str, Any], enabled: bool = True) -> tuple[ContextGu
             raise answer
         return {"data": [{"id": "m", "max_model_len": answer}]}
 
-    return ContextGuard(lambda: replicas, get_json, made, enabled=enabled), fetched
+    return ContextGuard(lambda: replicas, get_json, Renderers(), enabled=enabled), fetched
 
 
 def request(max_tokens: int | None = None, tools: tuple = ()) -> Transcript:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.accounting import RequestRecord
 from gateway.fold import make_renderer
-from gateway.session_view import align, trace
+from gateway.session_view import trace
 from gateway.transcript import Transcript, text_message
 from tests.fold.conftest import protocol, source_lines, tool_history, turn
 
@@ -82,13 +82,14 @@ def test_mask_and_clip_say_what_they_did():
         assert t.kinds.count(kind) == t.rendered.stats.stubs > 0
 
 
-def test_align_pairs_identical_ends_and_rewrites_in_place():
+def test_renderings_say_which_history_message_each_shows():
     a, b, c = (text_message("user", t) for t in "abc")
-    assert align([a, b, c], [a, b, c]) == [0, 1, 2]
-    summary = text_message("user", "summary of b")
-    assert align([a, b, b, c], [a, summary, c]) == [0, None, 3]
-    assert align([a, b], [text_message("system", "protocol"), a, b]) == [None, 0, 1]
-    assert align([a, b], [a.with_text("[a]"), b]) == [0, 1]
+    history = Transcript((a, b, c))
+    t = trace([make_renderer("base")], [(history, None)])
+    assert (t.sources, t.kinds) == ([0, 1, 2], ["verbatim"] * 3)
+    protocol_prompt = trace([make_renderer("refold", fold="on")], [(history, None)])
+    assert protocol_prompt.sources == [None, 0, 1, 2]
+    assert protocol_prompt.kinds[0] == "added"
 
 
 def test_a_record_written_before_its_newer_fields_still_reads():
