@@ -1,6 +1,10 @@
 """One request through the gateway, as DESIGN's steps, one module each (``gateway.steps``):
 
-decode -> admit -> ingest -> render -> route -> forward -> restore -> account -> reply.
+admit -> decode -> ingest -> render -> route -> forward -> restore -> account -> reply.
+
+The tenant is admitted (a slot among its requests in flight, its request rate) before the
+body is read, so a refused request costs no body read; its prompt's tokens are admitted
+with the ingest, before anything is stored.
 
 Each step hands the next a frozen result (``Caller``, ``Decoded``, ``Ingested``,
 ``Rendering``, ``Opened``, ``Stored``, ``Outcome``, ``Reply``); only the restore loop's own
@@ -104,24 +108,18 @@ class Pipeline:
         status = "error"
         try:
             caller = identify(request.headers, self.config, self.tenants, self.render.spec)
-            lease = await self.quotas.admit(caller.tenant)  # before the body is read
+            lease = await self.quotas.admit(caller.tenant)  # admit: before the body is read
             body = await self.decoder.read(request)
             decoded = await self.decode(dialect, body, request.headers, caller.tenant)
             ingested = await self.ingest(caller, decoded, body, request.headers)
+            # Render, route, forward; the history stored once an upstream accepted it.
             started = await unless_disconnected(request, self.start(ingested, received))
             status = "ok"
-            chunks = self.replies(ingested, started)
+            chunks = self.replies(ingested, started)  # restore, then account
             kept = partial(remember_reply, self.store, ingested, started.stored)
-            opened = started.opened
+            exchange = Exchange(body, remember=kept)
             answer = await reply(
-                dialect,
-                request,
-                ingested,
-                opened.replica.url,
-                opened.tokens,
-                chunks,
-                Exchange(body, remember=kept),
-                lease,
+                dialect, request, ingested, started.opened, chunks, exchange, lease
             )
             if answer.frames is not None:
                 lease = None  # the stream gives it back

@@ -17,6 +17,7 @@ from gateway.dialects.base import Dialect, Exchange
 from gateway.dialects.errors import upstream_broke_off
 from gateway.disconnect import unless_disconnected
 from gateway.steps.admit import Lease
+from gateway.steps.forward import Opened
 from gateway.steps.ingest import Ingested
 from gateway.upstream import UpstreamError
 
@@ -39,14 +40,13 @@ async def reply(
     dialect: Dialect,
     request: Request,
     ingested: Ingested,
-    replica: str,
-    rendered_tokens: int,
+    opened: Opened,
     chunks: AsyncIterator[dict[str, Any]],
     exchange: Exchange,
     lease: Lease,
 ) -> Reply:
     """The reply; a streamed one takes ``lease`` with it."""
-    head = (ingested.session, replica, ingested.raw_tokens, rendered_tokens)
+    head = (ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens)
     if ingested.stream:
         frames = released(dialect.stream(broken_off_named(chunks), exchange), lease)
         return Reply(*head, frames=frames, release=lease.release)
