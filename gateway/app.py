@@ -155,7 +155,7 @@ def routes(
         *((d.path, ["POST"], dialect_routes[d.path], d.name) for d in DIALECTS),
         ("/v1/models", ["GET"], gateway.models, "models"),
         ("/health", ["GET"], gateway.health, "health"),
-        ("/metrics", ["GET"], gateway.prometheus, "metrics"),
+        ("/metrics", ["GET"], gateway.prometheus, "prometheus"),
         *((path, ["GET"], handler, handler.__name__) for path, handler in sessions.routes()),
     ]
 
