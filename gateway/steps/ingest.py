@@ -54,7 +54,7 @@ class Ingested:
 
     caller: Caller
     session: str
-    request: Decoded
+    decoded: Decoded
     found: Lookup
     stream: bool
 
@@ -64,21 +64,21 @@ class Ingested:
 
     @property
     def transcript(self) -> Transcript:
-        return self.request.transcript
+        return self.decoded.transcript
 
     @property
     def raw_tokens(self) -> int:
         """The gateway's token estimate of what the harness sent."""
-        return self.request.tokens
+        return self.decoded.tokens
 
     @property
     def memo(self) -> MessageMemo:
-        return self.request.memo
+        return self.decoded.memo
 
     @property
     def text_actions(self) -> bool:
         """Restores come as ``restore N`` lines: the request offers no tools."""
-        return not self.request.transcript.tools
+        return not self.decoded.transcript.tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ async def store_history(store: SessionStore, ingested: Ingested, assign: Assign 
     stored = await store.ingest(
         ingested.tenant,
         ingested.session,
-        ingested.request.stored,
+        ingested.decoded.stored,
         max_bytes=ingested.caller.max_bytes,
         assign=assign,
     )

@@ -53,7 +53,7 @@ async def test_a_store_outage_over_every_retry_is_logged_with_the_request_id_and
     ingested = Ingested(
         caller=Caller("t", parse_spec("base"), "auto", budget=None, max_bytes=None),
         session="s",
-        request=Decoded.full(Transcript((Message("user", (Text("hello"),)),))),
+        decoded=Decoded.full(Transcript((Message("user", (Text("hello"),)),))),
         found=Lookup(None, 0, {}, {}, None),
         stream=False,
     )
