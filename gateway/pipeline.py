@@ -173,10 +173,11 @@ class Pipeline:
         await self.forward.discover_model()
         history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
         rendering = self.rendered(ingested, history)
+        body = self.forward.body(ingested, rendering.transcript)
         hints = route.hints(self.policy, ingested, rendering.tokens, ingested.found.assignment)
         if received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
-        opened = await self.forward.send(ingested, rendering, hints)
+        opened = await self.forward.send(ingested, rendering, body, hints)
         try:
             stored = await self.store_history(ingested, rendering, opened.replica)
         except BaseException:

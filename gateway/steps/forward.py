@@ -106,10 +106,11 @@ class Forward:
                 self.upstream_model = served[0]["id"]
         await self.guard.learn(self.upstream_model)
 
-    async def send(self, ingested: Ingested, rendering: Rendering, hints: RouteHints) -> Opened:
-        """Open the upstream for ``rendering``; a replica that refuses it as too long gets
-        the overflow ladder."""
-        body = self.body(ingested, rendering.transcript)
+    async def send(
+        self, ingested: Ingested, rendering: Rendering, body: dict[str, Any], hints: RouteHints
+    ) -> Opened:
+        """Open the upstream with ``body`` (``rendering`` as ``body`` built it); a replica
+        that refuses it as too long gets the overflow ladder."""
         try:
             replica, stream = await self.open(ingested, body, hints)
         except UpstreamError as exc:
