@@ -39,7 +39,7 @@ def record(ingested: Ingested, opened: Opened, outcome: Outcome) -> RequestRecor
     stats = outcome.stats
     return RequestRecord(
         messages=len(ingested.transcript.messages),
-        strategy=ingested.caller.strategy,
+        strategy=str(ingested.caller.strategy),  # the spec as text (opaque here)
         fold=ingested.caller.fold,
         pressure=outcome.pressure,
         tools=tool_names(ingested.transcript.tools),
