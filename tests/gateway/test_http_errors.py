@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from gateway.dialects import DIALECTS
-from gateway.dialects.errors import DialectError, openai_error_body
+from gateway.dialects.errors import DialectError
+from gateway.dialects.openai_chat import openai_error_body
 from gateway.http_errors import error_response
 from gateway.identity import UnknownApiKey
 from gateway.steps.admit import QuotaExceeded
@@ -47,7 +48,7 @@ CASES = [
 def test_each_exception_has_its_status_and_headers_in_the_dialects_shape(
     dialect, exc, status, kind, code, retry
 ) -> None:
-    resp = error_response(exc, dialect.error_body, dialect=dialect)
+    resp = error_response(exc, dialect.error_body)
     assert resp.status_code == status
     assert resp.headers.get("retry-after") == retry
     body = orjson.loads(resp.body)
