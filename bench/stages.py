@@ -15,8 +15,8 @@ from rich.table import Table
 
 from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT
+from gateway.identity import identify
 from gateway.pipeline import Pipeline
-from gateway.steps.ingest import commit
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
@@ -47,19 +47,20 @@ async def stage_times(
             body = orjson.loads(raw)
             t = lap("parse body", t)
             # As the app does: only what the session's previous request lacked is decoded.
-            decoded = await pipeline.decode(OPENAI_CHAT, body, headers)
+            caller = identify(headers, config, pipeline.tenants, pipeline.render.spec)
+            decoded = await pipeline.decode(OPENAI_CHAT, body, headers, caller.tenant)
             t = lap("decode + raw token estimate", t)
-            prepared = await pipeline.prepare(decoded, body, headers)
+            ingested = await pipeline.ingest(caller, decoded, body, headers)
             t = lap("ingest: read (store lookup)", t)
-            rendered, _ = pipeline.render(prepared)
+            rendering = pipeline.rendered(ingested)
             t = lap("render + token estimate", t)
-            orjson.dumps(pipeline.forward.body(prepared, rendered))
+            orjson.dumps(pipeline.forward.body(ingested, rendering.transcript))
             t = lap("encode upstream body", t)
-            stored = await commit(store, prepared, None)
-            pipeline.render.keep(prepared)  # as after an upstream accepted the request
+            # As after an upstream accepted the request (the renderer cache kept too).
+            stored = await pipeline.store_history(ingested, rendering, None)
             t = lap("ingest: write (store)", t)
             await store.add_counts(
-                "default", session, stored.branch_id, {"requests": 1}, token=uuid.uuid4().hex
+                "default", session, stored.branch, {"requests": 1}, token=uuid.uuid4().hex
             )
             lap("account (counter increments)", t)
     finally:

@@ -1,21 +1,27 @@
-"""Who is asking (tenant) and which conversation this is (session).
+"""Who is asking (tenant, and how it wants to be served) and which conversation this is
+(session), each resolved once per request.
 
-Harnesses rarely send a session id, so the fallback is a digest of what stays fixed for a
-whole run: tenant, system prompt and first user message.
+The tenant comes from the API key, before the body is read; with it, the strategy and
+ReFold's fold mode (a header, else the tenant's setting, else the gateway's) and the
+tenant's limits (``Caller``). The session needs the decoded body. Harnesses rarely send a
+session id, so the fallback is a digest of what stays fixed for a whole run: tenant,
+system prompt and first user message.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError
-from gateway.tenants import hash_key
+from gateway.fold.spec import StrategySpec
+from gateway.tenants import Tenants, hash_key
 from gateway.transcript import Transcript
 
 MAX_SESSION_ID_CHARS = 256
@@ -46,6 +52,48 @@ def resolve_tenant(headers: Mapping[str, str], config: GatewayConfig) -> str:
     if tenant is None:
         raise UnknownApiKey("invalid or missing API key")
     return tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The tenant a request comes from and how it is to be served: the strategy (parsed
+    once, here), ReFold's fold mode, the tenant's token budget (None: the gateway's) and
+    session size cap."""
+
+    tenant: str
+    strategy: StrategySpec
+    fold: str
+    budget: int | None
+    max_bytes: int | None
+
+
+def identify(
+    headers: Mapping[str, str],
+    config: GatewayConfig,
+    tenants: Tenants,
+    spec: Callable[[str | StrategySpec], StrategySpec],
+) -> Caller:
+    """The request's ``Caller``; ``UnknownApiKey`` for a key the gateway does not know;
+    ``spec`` parses the strategy text (a 400 for one that names no strategy)."""
+    tenant = resolve_tenant(headers, config)
+    settings = tenants.settings(tenant)
+    fold = headers.get(config.fold_header) or config.tenant_fold.get(tenant) or config.fold
+    return Caller(
+        tenant,
+        spec(requested_strategy(headers, config, settings.strategy)),
+        fold,
+        settings.budget,
+        settings.session_bytes,
+    )
+
+
+def requested_strategy(
+    headers: Mapping[str, str],
+    config: GatewayConfig,
+    tenant_default: StrategySpec | None = None,
+) -> str | StrategySpec:
+    """The strategy header, else the tenant's default, else the gateway's."""
+    return headers.get(config.strategy_header) or tenant_default or config.strategy
 
 
 def resolve_session(

@@ -1,14 +1,21 @@
-"""One request through the gateway: ingest -> render -> route -> forward -> restore loop -> account.
+"""One request through the gateway, as DESIGN's steps, one module each (``gateway.steps``):
 
-Each step is its own module (``gateway.steps``); this one runs them in order. A
+admit -> decode -> ingest -> render -> route -> forward -> restore -> account -> reply.
+
+The tenant is admitted (a slot among its requests in flight, its request rate) before the
+body is read, so a refused request costs no body read; its prompt's tokens are admitted
+with the ingest, before anything is stored.
+
+Each step hands the next a frozen result (``Caller``, ``Decoded``, ``Ingested``,
+``Rendering``, ``Opened``, ``Stored``, ``Outcome``, ``Reply``); only the restore loop's own
+state (``Restoring``: the gateway turns it adds) grows while the request runs. A
 ``Dialect`` (``gateway.dialects``) decodes the client's body into a transcript and writes
-the upstream's OpenAI chunks back in the client's dialect; every reply is read upstream as
-a stream of OpenAI chunks.
+the upstream's OpenAI chunks back in the client's dialect.
 
-Store round trips of a request: one read (``ingest``), one write once an upstream accepted
-the request (``commit``: the history and the route's assignment), one counter increment
-after the reply (``account``). Restores answered in the loop add one write each, and a
-tenant's quota limits their own charges.
+Store round trips of a request: one read (``ingest.lookup``), one write once an upstream
+accepted the request (``ingest.store_history``: the history and the route's assignment),
+one counter increment after the reply (``account``). Restores answered in the loop add
+one write each, and a tenant's quota limits their own charges.
 """
 
 from __future__ import annotations
@@ -16,35 +23,51 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import orjson
+from starlette.requests import Request
 
-from gateway import accounting, metrics
+from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
-from gateway.dialects.base import Dialect
-from gateway.dialects.errors import DialectError
+from gateway.dialects.base import Dialect, Exchange
+from gateway.disconnect import unless_disconnected
 from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
-from gateway.identity import resolve_session, resolve_tenant
-from gateway.quotas import Quotas
-from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
+from gateway.fold.spec import StrategySpec
+from gateway.identity import Caller, identify, requested_strategy, resolve_session
+from gateway.request_cache import Decoded
 from gateway.steps import route
-from gateway.steps.forward import Forward, context_too_long
-from gateway.steps.ingest import Prepared, commit, ingest
+from gateway.steps.account import account, in_background, record
+from gateway.steps.admit import Lease, Quotas
+from gateway.steps.decode import Decoder
+from gateway.steps.forward import Forward, Opened
+from gateway.steps.ingest import Ingested, Stored, lookup, store_history
+from gateway.steps.kept import remember_reply
 from gateway.steps.render import Render
-from gateway.steps.restore import Outcome, replies
+from gateway.steps.render_call import Rendering, keep, render
+from gateway.steps.reply import Reply, reply
+from gateway.steps.restore import Placed, RestoreLoop, Restoring, placed
 from gateway.tenants import Tenants, salt_secret
-from gateway.transcript import Message
-from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
+from gateway.upstream import ChatStream, UpstreamClient
 from router import ReplicaPool, RoutingPolicy
 from router.replica import Replica
-from store import NotFound
 
-__all__ = ["Pipeline", "Prepared"]
+__all__ = ["Pipeline", "Started"]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A request an upstream accepted: its history with the gateway's turns, the first
+    rendering, the open upstream stream, and where the history was stored."""
+
+    placed: Placed
+    rendering: Rendering
+    opened: Opened
+    stored: Stored
 
 
 class Pipeline:
@@ -62,7 +85,7 @@ class Pipeline:
         self.policy = policy
         self.upstream = upstream
         self._accounting: set[asyncio.Task[None]] = set()
-        self._decoded = DecodeCache(config.decode_cache_bytes)
+        self.decoder = Decoder(config, store)
         self.tenants = Tenants(
             config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
         )
@@ -73,6 +96,141 @@ class Pipeline:
         )
         self.render = Render(config, self.guard, self.pressure)
         self.forward = Forward(config, pool, policy, upstream, self.tenants, self.guard)
+        self.restore = RestoreLoop(store, pool, self.guard, config.max_restores)
+
+    async def serve(self, dialect: Dialect, request: Request) -> Reply:
+        """One request, step by step. An error before the reply raises (the HTTP layer
+        answers it in the dialect's shape); nothing is stored before an upstream accepted
+        the request, and a client gone while the gateway waits raises ``ClientGone``."""
+        received = time.perf_counter()
+        caller: Caller | None = None
+        lease: Lease | None = None
+        status = "error"
+        try:
+            caller = identify(request.headers, self.config, self.tenants, self.render.spec)
+            lease = await self.quotas.admit(caller.tenant)  # admit: before the body is read
+            body = await self.decoder.read(request)
+            decoded = await self.decode(dialect, body, request.headers, caller.tenant)
+            ingested = await self.ingest(caller, decoded, body, request.headers)
+            # Render, route, forward; the history stored once an upstream accepted it.
+            started = await unless_disconnected(request, self.start(ingested, received))
+            status = "ok"
+            chunks = self.replies(ingested, started)  # restore, then account
+            kept = partial(remember_reply, self.store, ingested, started.stored)
+            exchange = Exchange(body, remember=kept)
+            answer = await reply(
+                dialect, request, ingested, started.opened, chunks, exchange, lease
+            )
+            if answer.frames is not None:
+                lease = None  # the stream gives it back
+            return answer
+        finally:
+            if lease is not None:
+                await lease.release()
+            strategy = (
+                caller.strategy if caller else requested_strategy(request.headers, self.config)
+            )
+            metrics.REQUESTS.labels(dialect.name, metrics.strategy_label(strategy), status).inc()
+
+    async def decode(
+        self, dialect: Dialect, body: Any, headers: Mapping[str, str], tenant: str
+    ) -> Decoded:
+        """The decode step (``gateway.steps.decode``)."""
+        return await self.decoder.decode(dialect, body, headers, tenant)
+
+    async def ingest(
+        self, caller: Caller, request: Decoded, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> Ingested:
+        """A decoded request (``decode``, or ``Decoded.full`` of a whole decode) with its
+        session and what the store holds for it, admitted for its prompt; nothing stored."""
+        session = request.session or resolve_session(
+            headers, body, caller.tenant, request.transcript, self.config
+        )
+        # An unknown strategy is a 400 before any I/O.
+        self.renderer(caller.strategy, caller.fold, caller.budget)
+        # The read (which refuses a session over its size cap) before the quota charge, so
+        # a request refused there charges nothing either.
+        ingested = await lookup(
+            self.store, caller, session, request, stream=bool(body.get("stream"))
+        )
+        await self.quotas.admit_prompt(caller.tenant, session, request.tokens)
+        return ingested
+
+    def rendered(
+        self, ingested: Ingested, history: Placed | None = None, branch: int | None = None
+    ) -> Rendering:
+        """The render step (``gateway.steps.render_call``) over ``history`` (by default the
+        request's messages with the gateway turns the store held)."""
+        if history is None:
+            history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
+        return render(self.render, ingested, *history, branch)
+
+    async def start(self, ingested: Ingested, received: float | None = None) -> Started:
+        """Render, route and open the upstream; once it accepted (first chunk in hand),
+        store the history. Routing, upstream and store errors before the first chunk raise
+        from here, so the client still gets a proper error status; nothing is stored then.
+        ``received``: when the gateway began the request, for the latency it adds."""
+        await self.forward.discover_model()
+        history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
+        rendering = self.rendered(ingested, history)
+        body = self.forward.body(ingested, rendering.transcript)
+        hints = route.hints(self.policy, ingested, rendering.tokens, ingested.found.assignment)
+        if received is not None:
+            metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
+        opened = await self.forward.send(ingested, rendering, body, hints)
+        try:
+            stored = await self.store_history(ingested, rendering, opened.replica)
+        except BaseException:
+            opened.stream.close()  # the client gets the store's error; the upstream stops
+            raise
+        metrics.PROMPT_TOKENS.labels(kind="raw").inc(ingested.raw_tokens)
+        metrics.PROMPT_TOKENS.labels(kind="rendered").inc(opened.tokens)
+        return Started(history, rendering, opened, stored)
+
+    async def store_history(
+        self, ingested: Ingested, rendering: Rendering, replica: Replica | None
+    ) -> Stored:
+        """Store the history with the route's assignment to ``replica`` (the one that
+        accepted the request), and keep the rendering's renderer cache."""
+        assign = route.assignment(self.policy, ingested, replica) if replica else None
+        stored = await store_history(self.store, ingested, assign)
+        keep(self.render, rendering, stored.branch)
+        return stored
+
+    async def replies(self, ingested: Ingested, started: Started) -> AsyncIterator[dict[str, Any]]:
+        """The restore loop over the upstream's reply, then the request's accounting."""
+        opened, stored = started.opened, started.stored
+        restoring = Restoring(
+            ingested, started.placed, opened.replica, opened.stats, started.rendering.pressure
+        )
+        ask_again = partial(self._ask_again, ingested, stored)
+        async for chunk in self.restore.replies(
+            ingested, stored, restoring, opened.stream, ask_again
+        ):
+            yield chunk
+        # Accounting is bookkeeping, not history: the client need not wait for it.
+        request_id = uuid.uuid4().hex
+        outcome = restoring.outcome()
+        work = account(
+            self.store,
+            self.quotas,
+            ingested,
+            stored,
+            record(ingested, opened, outcome),
+            outcome,
+            request_id=request_id,
+        )
+        in_background(self._accounting, work, request_id)
+
+    async def _ask_again(
+        self, ingested: Ingested, stored: Stored, restoring: Restoring
+    ) -> tuple[Replica, ChatStream, Rendering]:
+        """After a restore: render with the restored content and ask the model again."""
+        rendering = self.rendered(ingested, (restoring.history, restoring.state), stored.branch)
+        body = self.forward.body(ingested, rendering.transcript)
+        hints = route.hints(self.policy, ingested, rendering.tokens, stored.assignment)
+        replica, stream = await self.forward.open(ingested, body, hints)
+        return replica, stream, rendering
 
     async def drain(self) -> None:
         """Wait for accounting still in flight (before the store closes)."""
@@ -80,7 +238,7 @@ class Pipeline:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
     def renderer(
-        self, strategy: str, fold: str | None = None, budget: int | None = None
+        self, strategy: str | StrategySpec, fold: str | None = None, budget: int | None = None
     ) -> Renderer:
         """The renderer for ``strategy`` (ReFold's ``fold`` mode, a tenant's ``budget``)."""
         return self.render.renderer(strategy, fold, budget)
@@ -98,163 +256,3 @@ class Pipeline:
     async def models(self) -> list[dict[str, Any]]:
         """What the replicas serve (the first healthy replica that answers)."""
         return await self.forward.models()
-
-    # -- decode and ingest -------------------------------------------------------------
-    async def decode(self, dialect: Dialect, body: Any, headers: Mapping[str, str]) -> Decoded:
-        """A client's request body decoded (volatile markers dropped), for ``prepare``; only
-        what the session's previous request did not hold is decoded. A request that
-        continues a kept reply is decoded after the conversation the store kept for it."""
-        previous = dialect.continues(body) if isinstance(body, dict) else None
-        if previous is not None:
-            tenant = resolve_tenant(headers, self.config)
-            session, kept = await self._kept_conversation(tenant, previous)
-            return continued(dialect, body, session, kept)
-        ids = (
-            session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
-        )
-        return self._decoded.decode(dialect, body, ids)
-
-    async def prepare(
-        self, request: Decoded, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> Prepared:
-        """A decoded request (``decode``, or ``Decoded.full`` of a whole decode) with what the
-        store holds for it; nothing is stored yet (``run`` commits it)."""
-        transcript = request.transcript
-        tenant = resolve_tenant(headers, self.config)
-        session = request.session or resolve_session(headers, body, tenant, transcript, self.config)
-        settings = self.tenants.settings(tenant)
-        strategy = self.render.spec(
-            headers.get(self.config.strategy_header) or settings.strategy or self.config.strategy
-        )
-        fold = (
-            headers.get(self.config.fold_header)
-            or self.config.tenant_fold.get(tenant)
-            or self.config.fold
-        )
-        # An unknown strategy is a 400 before any I/O.
-        self.render.renderer(strategy, fold, settings.budget)
-        # The read (which refuses a session over its size cap) before the quota charge, so
-        # a request refused there charges nothing either.
-        prepared = await ingest(
-            self.store,
-            tenant,
-            session,
-            request,
-            strategy=strategy,
-            fold=fold,
-            stream=bool(body.get("stream")),
-            max_bytes=settings.session_bytes,
-            budget=settings.budget,
-        )
-        await self.quotas.admit_prompt(tenant, session, request.tokens)
-        return prepared
-
-    # -- render, route, forward --------------------------------------------------------
-    async def run(self, prepared: Prepared) -> tuple[Replica, int, AsyncIterator[dict[str, Any]]]:
-        """Render, route and open the upstream; once it accepted (first chunk in hand),
-        store the history. Return the replica, the rendered prompt's token estimate and the
-        chunks for the client.
-
-        Routing, upstream and store errors before the first chunk raise from here, so the
-        caller can still answer with a proper error status; nothing is stored then.
-        """
-        await self.forward.discover_model()
-        rendered, tokens = self.render(prepared)
-        body = self.forward.body(prepared, rendered)
-        hints = route.hints(self.policy, prepared, tokens)
-        if prepared.received is not None:
-            metrics.ADDED_SECONDS.observe(time.perf_counter() - prepared.received)
-        try:
-            replica, stream = await self.forward.open(prepared, body, hints)
-        except UpstreamError as exc:
-            if not context_too_long(exc):
-                raise
-            replica, stream, tokens = await self.forward.open_compacted(
-                prepared, rendered, exc, hints
-            )
-        try:
-            stored = await commit(
-                self.store, prepared, route.assignment(self.policy, prepared, replica)
-            )
-        except BaseException:
-            stream.close()  # the client gets the store's error; the upstream stops
-            raise
-        if stored.assignment is not None:
-            prepared.found = replace(prepared.found, assignment=stored.assignment)
-        self.render.keep(prepared)
-        prepared.rendered_tokens = tokens
-        metrics.PROMPT_TOKENS.labels(kind="raw").inc(prepared.raw_tokens)
-        metrics.PROMPT_TOKENS.labels(kind="rendered").inc(tokens)
-        return replica, tokens, self._chunks(prepared, replica, stream)
-
-    async def _ask_again(self, prepared: Prepared) -> tuple[Replica, ChatStream]:
-        """After a restore: render with the restored content and ask the model again."""
-        rendered, tokens = self.render(prepared)
-        body = self.forward.body(prepared, rendered)
-        return await self.forward.open(prepared, body, route.hints(self.policy, prepared, tokens))
-
-    # -- restore loop, account ---------------------------------------------------------
-    async def _chunks(
-        self, prepared: Prepared, replica: Replica, stream: ChatStream
-    ) -> AsyncIterator[dict[str, Any]]:
-        outcome = Outcome(replica)
-        async for chunk in replies(
-            prepared,
-            outcome,
-            stream,
-            store=self.store,
-            pool=self.pool,
-            guard=self.guard,
-            ask_again=self._ask_again,
-            max_restores=self.config.max_restores,
-        ):
-            yield chunk
-        # Accounting is bookkeeping, not history: the client need not wait for it.
-        request_id = uuid.uuid4().hex
-        work = accounting.account(
-            self.store,
-            self.quotas,
-            prepared,
-            outcome.replica,
-            outcome.usage,
-            outcome.restores,
-            request_id=request_id,
-        )
-        accounting.in_background(self._accounting, work, request_id)
-
-    # -- kept replies (the Responses API's previous_response_id) -----------------------
-    async def remember_reply(
-        self, prepared: Prepared, reply_id: str, reply: Sequence[Message]
-    ) -> None:
-        """Keep ``reply`` (the messages the client would send back for it) under
-        ``reply_id``, with where its conversation lives, for requests that continue it."""
-        record = {
-            "session": prepared.session,
-            "branch": prepared.branch,
-            "length": len(prepared.transcript.messages),
-            "reply": [m.to_dict() for m in reply],
-        }
-        await self.store.put_reply(prepared.tenant, reply_id, orjson.dumps(record))
-
-    async def _kept_conversation(self, tenant: str, reply_id: str) -> tuple[str, list[Message]]:
-        """The session of a kept reply and its conversation up to and including the reply."""
-        data = await self.store.get_reply(tenant, reply_id)
-        if data is None:
-            raise DialectError(
-                f"no kept response {reply_id!r} (never stored, created with store=false, "
-                "or expired)",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        record = orjson.loads(data)
-        try:
-            history = await self.store.load(tenant, record["session"], record["branch"])
-        except NotFound as exc:
-            raise DialectError(
-                f"the conversation of response {reply_id!r} has expired",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            ) from exc
-        kept = [Message.from_dict(m) for m in history.messages[: record["length"]]]
-        kept += [Message.from_dict(m) for m in record["reply"]]
-        return record["session"], kept

@@ -13,6 +13,7 @@ once from ``/v1/models``).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -22,8 +23,9 @@ from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
 from gateway.dialects.openai_chat import encode_request
 from gateway.fold.bound import overflow_ladder
-from gateway.fold.renderer import estimate_tokens
-from gateway.steps.ingest import Prepared
+from gateway.fold.renderer import RenderStats, estimate_tokens
+from gateway.steps.ingest import Ingested
+from gateway.steps.render_call import Rendering
 from gateway.tenants import Tenants
 from gateway.transcript import Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
@@ -37,6 +39,19 @@ _CONTEXT_TOO_LONG = re.compile(
 
 def context_too_long(exc: UpstreamError) -> bool:
     return exc.status == 400 and bool(_CONTEXT_TOO_LONG.search(str(exc)))
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """An upstream stream whose first chunk is in hand: the replica, the token estimate and
+    stats of the context it accepted (an overflow rung's, after a refusal), and how many
+    smaller renderings were tried."""
+
+    replica: Replica
+    stream: ChatStream
+    tokens: int
+    stats: RenderStats
+    overflow_retries: int
 
 
 class Forward:
@@ -58,18 +73,18 @@ class Forward:
         self.upstream_model = config.upstream_model
         self._model_discovered = False
 
-    def body(self, prepared: Prepared, rendered: Transcript) -> dict[str, Any]:
+    def body(self, ingested: Ingested, rendered: Transcript) -> dict[str, Any]:
         """The rendered context as a streaming chat request for a vLLM replica."""
         # ReFold adds its restore tool to the rendered transcript itself, once it pays.
         body = encode_request(rendered.with_messages(()))
         # The messages as JSON already (orjson writes a Fragment as is): the memo encodes
         # only what the session's last request did not send.
-        body["messages"] = orjson.Fragment(prepared.memo.messages_json(rendered.messages))
+        body["messages"] = orjson.Fragment(ingested.memo.messages_json(rendered.messages))
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if self.upstream_model:
             body["model"] = self.upstream_model
-        self.tenants.scope_upstream_body(prepared.tenant, body)
+        self.tenants.scope_upstream_body(ingested.tenant, body)
         return body
 
     async def models(self) -> list[dict[str, Any]]:
@@ -91,8 +106,21 @@ class Forward:
                 self.upstream_model = served[0]["id"]
         await self.guard.learn(self.upstream_model)
 
+    async def send(
+        self, ingested: Ingested, rendering: Rendering, body: dict[str, Any], hints: RouteHints
+    ) -> Opened:
+        """Open the upstream with ``body`` (``rendering`` as ``body`` built it); a replica
+        that refuses it as too long gets the overflow ladder."""
+        try:
+            replica, stream = await self.open(ingested, body, hints)
+        except UpstreamError as exc:
+            if not context_too_long(exc):
+                raise
+            return await self.open_compacted(ingested, rendering.transcript, exc, hints)
+        return Opened(replica, stream, rendering.tokens, rendering.stats, 0)
+
     async def open(
-        self, prepared: Prepared, body: dict[str, Any], hints: RouteHints | None = None
+        self, ingested: Ingested, body: dict[str, Any], hints: RouteHints | None = None
     ) -> tuple[Replica, ChatStream]:
         """Route and open the upstream stream, failing over before the first chunk.
         ``hints`` (the rendered prompt's size, the session's assignment) go to the policy."""
@@ -107,8 +135,8 @@ class Forward:
         return await with_failover(
             self.policy,
             self.pool,
-            prepared.tenant,
-            prepared.session,
+            ingested.tenant,
+            ingested.session,
             attempt,
             max_attempts=self.config.max_attempts,
             hints=hints,
@@ -116,24 +144,22 @@ class Forward:
         )
 
     async def open_compacted(
-        self, prepared: Prepared, rendered: Transcript, refusal: UpstreamError, hints: RouteHints
-    ) -> tuple[Replica, ChatStream, int]:
+        self, ingested: Ingested, rendered: Transcript, refusal: UpstreamError, hints: RouteHints
+    ) -> Opened:
         """The upstream refused the context as too long: walk CliffCompaction's ladder over
         the rendering, retrying with each smaller rung until one is accepted."""
-        for rung in overflow_ladder(rendered):
+        for retries, rung in enumerate(overflow_ladder(rendered), start=1):
             metrics.OVERFLOW_RETRIES.inc()
-            prepared.overflow_retries += 1
             try:
                 replica, stream = await self.open(
-                    prepared, self.body(prepared, rung.transcript), hints
+                    ingested, self.body(ingested, rung.transcript), hints
                 )
             except UpstreamError as exc:
                 if not context_too_long(exc):
                     raise
                 refusal = exc
                 continue
-            prepared.stats = rung.stats
             tokens = sum(estimate_tokens(m) for m in rung.transcript.messages)
-            self.guard.rendered((prepared.tenant, prepared.session), tokens, compacted=False)
-            return replica, stream, tokens
+            self.guard.rendered((ingested.tenant, ingested.session), tokens, compacted=False)
+            return Opened(replica, stream, tokens, rung.stats, retries)
         raise refusal

@@ -21,7 +21,7 @@ from gateway.dialects.errors import DialectError
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec, parse_spec
 from gateway.lru import LRU
-from gateway.steps.ingest import Prepared
+from gateway.steps.render_call import RenderCall
 from gateway.tokens import BYTES_PER_TOKEN
 from gateway.transcript import Transcript
 
@@ -80,7 +80,7 @@ class Render:
                 header = self.config.fold_header
             raise DialectError(str(exc), param=header) from exc
 
-    def __call__(self, prepared: Prepared) -> tuple[Transcript, int]:
+    def __call__(self, prepared: RenderCall) -> tuple[Transcript, int]:
         """The rendered transcript and its token estimate."""
         session = (prepared.tenant, prepared.session)
         # A tenant's own budget replaces the guard's window-derived one.
@@ -120,7 +120,7 @@ class Render:
         self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
         return rendered.transcript, tokens
 
-    def keep(self, prepared: Prepared) -> None:
+    def keep(self, prepared: RenderCall) -> None:
         """Keep the request's renderer cache for the session's next request, under the
         branch its history was stored on (``commit``): a request the upstream never
         accepted leaves the session's cache as it was."""

@@ -16,7 +16,7 @@ import orjson
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import MAX_JSON_DEPTH
+from gateway.steps.decode import MAX_JSON_DEPTH
 from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
 
 

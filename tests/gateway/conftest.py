@@ -9,19 +9,41 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from deploy.cpu.replicas import free_ports
 from gateway.config import GatewayConfig
+from gateway.dialects.base import Dialect
+from gateway.identity import identify
+from gateway.pipeline import Pipeline
+from gateway.request_cache import Decoded
+from gateway.steps.ingest import Ingested
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from loadtests.local_servers import running_gateway
 from store import open_store
+
+
+async def ingest(
+    pipeline: Pipeline,
+    dialect: Dialect,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    decoded: Decoded | None = None,
+) -> Ingested:
+    """A request through the pipeline's decode and ingest steps, without HTTP (the slot
+    admission aside); ``decoded``: instead of the pipeline's own decode."""
+    caller = identify(headers, pipeline.config, pipeline.tenants, pipeline.render.spec)
+    if decoded is None:
+        decoded = await pipeline.decode(dialect, body, headers, caller.tenant)
+    return await pipeline.ingest(caller, decoded, body, headers)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 # A loaded 2-core CI machine can take several seconds to import and start a gateway.

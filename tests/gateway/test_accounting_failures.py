@@ -12,9 +12,15 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway import accounting
-from gateway.quotas import Quotas
-from gateway.steps.ingest import Prepared
+from gateway.accounting import RequestRecord
+from gateway.fold.renderer import RenderStats
+from gateway.fold.spec import parse_spec
+from gateway.identity import Caller
+from gateway.request_cache import Decoded
+from gateway.steps import account
+from gateway.steps.admit import Quotas
+from gateway.steps.ingest import Ingested, Stored
+from gateway.steps.restore import Outcome
 from gateway.tenants import Tenants
 from gateway.transcript import Message, Text, Transcript
 from router.replica import Replica
@@ -42,40 +48,37 @@ async def settle(running: set[asyncio.Task[None]], caplog: pytest.LogCaptureFixt
 async def test_a_store_outage_over_every_retry_is_logged_with_the_request_id_and_counted(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(accounting, "RETRY_S", 0.0)
+    monkeypatch.setattr(account, "RETRY_S", 0.0)
     store = open_store(UNREACHABLE_REDIS, timeout_s=1.0)
-    prepared = Prepared(
-        tenant="t",
+    ingested = Ingested(
+        caller=Caller("t", parse_spec("base"), "auto", budget=None, max_bytes=None),
         session="s",
-        strategy="base",
-        fold="auto",
-        transcript=Transcript((Message("user", (Text("hello"),)),)),
-        stored=[],
+        decoded=Decoded.full(Transcript((Message("user", (Text("hello"),)),))),
         found=Lookup(None, 0, {}, {}, None),
-        text_actions=True,
         stream=False,
-        raw_tokens=2,
-        branch=0,
     )
+    replica = Replica("http://127.0.0.1:9")
+    outcome = Outcome(replica, ({"prompt_tokens": 2},), 0, RenderStats(), 0.0)
+    request = RequestRecord.from_dict({"messages": 1, "strategy": "base", "replica": replica.url})
     before = lost("store_unavailable")
     running: set[asyncio.Task[None]] = set()
     try:
         with caplog.at_level(logging.WARNING):
-            work = accounting.account(
+            work = account.account(
                 store,
                 Quotas(store, Tenants({}, None)),
-                prepared,
-                Replica("http://127.0.0.1:9"),
-                [{"prompt_tokens": 2}],
-                0,
+                ingested,
+                Stored(branch=0, assignment=None),
+                request,
+                outcome,
                 request_id="req-outage",
             )
-            accounting.in_background(running, work, "req-outage")
+            account.in_background(running, work, "req-outage")
             await settle(running, caplog)
     finally:
         await store.close()
     assert lost("store_unavailable") == before + 1
-    assert f"accounting of request req-outage lost after {accounting.ATTEMPTS} attempts" in (
+    assert f"accounting of request req-outage lost after {account.ATTEMPTS} attempts" in (
         caplog.text
     )
 
@@ -89,7 +92,7 @@ async def test_an_unexpected_accounting_error_is_logged_and_counted(
     before = lost("error")
     running: set[asyncio.Task[None]] = set()
     with caplog.at_level(logging.WARNING):
-        accounting.in_background(running, broken(), "req-bug")
+        account.in_background(running, broken(), "req-bug")
         await settle(running, caplog)
     assert lost("error") == before + 1
     assert "accounting of request req-bug failed" in caplog.text

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from gateway.app import MAX_JSON_DEPTH
 from gateway.config import GatewayConfig
 from gateway.dialects.errors import DialectError
 from gateway.dialects.fields import within_depth
 from gateway.exposure import ReplicaLabels, header_value
 from gateway.identity import MAX_SESSION_ID_CHARS, resolve_session, session_id
 from gateway.pipeline import Pipeline
+from gateway.steps.decode import MAX_JSON_DEPTH
 from gateway.transcript import Transcript, text_message
 from loadtests.fake_upstream import ScriptedReply
 from tests.gateway.conftest import store_at

@@ -13,11 +13,11 @@ from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
 from gateway.lru import LRU
 from gateway.pipeline import Pipeline
-from gateway.steps.ingest import commit
 from gateway.steps.render import CACHE_ENTRY_BYTES
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
+from tests.gateway.conftest import ingest
 
 
 def evictions(cache: str) -> float:
@@ -65,15 +65,13 @@ async def test_renderer_caches_are_bounded_by_the_memory_they_keep(tmp_path: Pat
         for session in ("a", "b"):
             headers = {"x-session-id": session}
             body = chat(session)
-            prepared = await pipeline.prepare(
-                await pipeline.decode(OPENAI, body, headers), body, headers
-            )
-            rendered, _ = pipeline.render(prepared)
+            ingested = await ingest(pipeline, OPENAI, body, headers)
+            rendering = pipeline.rendered(ingested)
             # The upstream body, as the request path builds it (the decode cache's memo keeps
             # its messages' JSON).
-            pipeline.forward.body(prepared, rendered)
-            await commit(store, prepared, None)  # as once an upstream accepted it
-            pipeline.render.keep(prepared)
+            pipeline.forward.body(ingested, rendering.transcript)
+            # As once an upstream accepted it: the history stored, the renderer cache kept.
+            await pipeline.store_history(ingested, rendering, None)
         assert evictions("render") == before + 1
         assert 40_000 < pipeline.render._sessions.size <= 80_000
     finally:
@@ -113,21 +111,19 @@ async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, i
     store = open_store(config.store_url)
     pool, policy = ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin")
     pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
-    lru = pipeline._decoded._sessions if cache == "decode" else pipeline.render._sessions
+    lru = pipeline.decoder.cache._sessions if cache == "decode" else pipeline.render._sessions
 
     async def session(tag: str) -> None:
         for steps in (6, 12):
             headers = {"x-session-id": tag}
             body = {"model": "m", "messages": agent_session(tag, steps)}
-            prepared = await pipeline.prepare(
-                await pipeline.decode(OPENAI, body, headers), body, headers
-            )
-            rendered, _ = pipeline.render(prepared)
+            ingested = await ingest(pipeline, OPENAI, body, headers)
+            rendering = pipeline.rendered(ingested)
             # The upstream body, as the request path builds it (the decode cache's memo keeps
             # its messages' JSON).
-            pipeline.forward.body(prepared, rendered)
-            await commit(store, prepared, None)
-            pipeline.render.keep(prepared)
+            pipeline.forward.body(ingested, rendering.transcript)
+            # As once an upstream accepted it: the history stored, the renderer cache kept.
+            await pipeline.store_history(ingested, rendering, None)
 
     try:
         await session("warm")  # imports, renderers, first-use allocations

@@ -35,6 +35,7 @@ from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
 from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
+from tests.gateway.conftest import ingest
 
 FULL = {
     "openai": openai_chat.decode_request,
@@ -304,17 +305,16 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
     headers = {"x-session-id": "s"}
     try:
         for body in grown_bodies(8):
-            decoded = await cached.decode(OPENAI, copy.deepcopy(body), headers)
-            got = await cached.prepare(decoded, body, headers)
+            got = await ingest(cached, OPENAI, copy.deepcopy(body), headers)
             whole = Decoded.full(OPENAI.decode(copy.deepcopy(body)))  # the oracle
-            want = await fresh.prepare(whole, body, headers)
-            assert (got.branch, got.raw_tokens) == (want.branch, want.raw_tokens)
-            got_rendered, got_tokens = cached.render(got)
-            want_rendered, want_tokens = fresh.render(want)
-            assert got_tokens == want_tokens
+            want = await ingest(fresh, OPENAI, body, headers, decoded=whole)
+            assert (got.found, got.raw_tokens) == (want.found, want.raw_tokens)
+            got_rendering = cached.rendered(got)
+            want_rendering = fresh.rendered(want)
+            assert got_rendering.tokens == want_rendering.tokens
             # The bytes the upstream gets (the messages are an orjson.Fragment).
-            assert orjson.dumps(cached.forward.body(got, got_rendered)) == orjson.dumps(
-                fresh.forward.body(want, want_rendered)
+            assert orjson.dumps(cached.forward.body(got, got_rendering.transcript)) == orjson.dumps(
+                fresh.forward.body(want, want_rendering.transcript)
             )
     finally:
         await cached.store.close()

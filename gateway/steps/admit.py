@@ -1,4 +1,4 @@
-"""Per-tenant quotas, enforced through the store so every gateway process shares them.
+"""Admit: per-tenant quotas, enforced through the store so every gateway process shares them.
 
 Limits come from the tenant's settings (``gateway.tenants``). Rates are fixed one-minute
 windows; requests in flight are a gauge raised on admission and lowered when the reply

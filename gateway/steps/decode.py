@@ -1,0 +1,101 @@
+"""Decode: the client's body read within the gateway's limits and decoded in its dialect.
+
+Only what the session's previous request did not hold is decoded (``DecodeCache``); a
+request that continues a kept reply is decoded after the conversation the store kept for
+it (``gateway.steps.kept``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from gateway.config import GatewayConfig
+from gateway.dialects.base import Dialect
+from gateway.dialects.errors import DialectError, too_large
+from gateway.dialects.fields import within_depth
+from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
+from gateway.steps.kept import kept_conversation
+from store import SessionStore
+
+# Request fields as a JSON object, for harnesses that can add headers but cannot set
+# sampling fields in the body (Codex: ``http_headers`` in its provider config). The body's
+# own fields win.
+PARAMS_HEADER = "x-foldgate-params"
+# Deeper JSON than any agent sends (tool schemas nest a few tens of levels): past it a
+# body would reach recursion limits downstream (orjson writes at most 254 levels upstream).
+MAX_JSON_DEPTH = 128
+
+
+class Decoder:
+    def __init__(self, config: GatewayConfig, store: SessionStore) -> None:
+        self.config = config
+        self.store = store
+        self.cache = DecodeCache(config.decode_cache_bytes)
+
+    async def read(self, request: Request) -> dict[str, Any]:
+        """The request's JSON body, with the params header's fields it does not set."""
+        body = await read_json(request, self.config.max_body_bytes, self.config.body_timeout_s)
+        return with_header_params(body, request.headers)
+
+    async def decode(
+        self, dialect: Dialect, body: Any, headers: Mapping[str, str], tenant: str
+    ) -> Decoded:
+        """``body`` decoded (volatile markers dropped)."""
+        previous = dialect.continues(body) if isinstance(body, dict) else None
+        if previous is not None:
+            session, kept = await kept_conversation(self.store, tenant, previous)
+            return continued(dialect, body, session, kept)
+        ids = (
+            session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
+        )
+        return self.cache.decode(dialect, body, ids)
+
+
+def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """``body`` with the fields of the params header it does not set itself."""
+    raw = headers.get(PARAMS_HEADER)
+    if raw is None:
+        return body
+    try:
+        params = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DialectError(f"not valid JSON: {exc}", param=PARAMS_HEADER) from exc
+    if not isinstance(params, dict):
+        raise DialectError("must be a JSON object", param=PARAMS_HEADER)
+    if not within_depth(params, MAX_JSON_DEPTH):
+        raise DialectError(f"nested deeper than {MAX_JSON_DEPTH} levels", param=PARAMS_HEADER)
+    return {**params, **body}
+
+
+async def read_json(request: Request, limit: int, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object: 413 over ``limit`` bytes, 408 past ``timeout_s``, 400 for
+    anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
+    raw = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for piece in request.stream():
+                raw.extend(piece)
+                if len(raw) > limit:
+                    raise too_large(f"request body exceeds the limit of {limit} bytes")
+    except TimeoutError as exc:
+        raise DialectError(
+            f"request body not received within {timeout_s:g} s", status=408, kind="timeout_error"
+        ) from exc
+    try:
+        # orjson: a 128 KB history parses in half the time of the json module's.
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DialectError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise DialectError("request body must be a JSON object")
+    if not within_depth(body, MAX_JSON_DEPTH):
+        raise DialectError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body

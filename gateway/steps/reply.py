@@ -1,0 +1,73 @@
+"""Reply: the upstream's chunks written back in the client's dialect, whole or streamed.
+
+A streamed reply gives the request's slot among the tenant's requests in flight back
+when the stream ends or is closed (``frames``), or, for a client gone before the first
+frame (the stream never starts), after the response (``release``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from gateway.dialects.base import Dialect, Exchange
+from gateway.dialects.errors import upstream_broke_off
+from gateway.disconnect import unless_disconnected
+from gateway.steps.admit import Lease
+from gateway.steps.forward import Opened
+from gateway.steps.ingest import Ingested
+from gateway.upstream import UpstreamError
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the client gets: its session, the replica that served it, the prompt's token
+    estimates (as sent and as rendered), and the reply, whole or as frames."""
+
+    session: str
+    replica: str
+    raw_tokens: int
+    rendered_tokens: int
+    body: dict[str, Any] | None = None
+    frames: AsyncIterator[bytes] | None = None
+    release: Callable[[], Awaitable[None]] | None = None
+
+
+async def reply(
+    dialect: Dialect,
+    request: Request,
+    ingested: Ingested,
+    opened: Opened,
+    chunks: AsyncIterator[dict[str, Any]],
+    exchange: Exchange,
+    lease: Lease,
+) -> Reply:
+    """The reply; a streamed one takes ``lease`` with it."""
+    head = (ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens)
+    if ingested.stream:
+        frames = released(dialect.stream(broken_off_named(chunks), exchange), lease)
+        return Reply(*head, frames=frames, release=lease.release)
+    body = await unless_disconnected(request, dialect.response(chunks, exchange))
+    return Reply(*head, body=body)
+
+
+async def broken_off_named(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """The reply's chunks; an upstream failure after the status line is raised as the
+    dialect error its stream ends with (dialects know nothing of the upstream client)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except UpstreamError as exc:
+        raise upstream_broke_off(exc.status, exc.body) from exc
+
+
+async def released(stream: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:
+    """``stream``, giving the request's slot back when it ends (or the client leaves)."""
+    try:
+        async for frame in stream:
+            yield frame
+    finally:
+        await lease.release()
