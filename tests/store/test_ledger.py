@@ -155,7 +155,7 @@ async def test_leases_hold_their_limit_across_stores_and_run_out(
     make_store: StoreFactory, tenant: str
 ) -> None:
     a, b = make_store(), make_store()
-    period = 0.5
+    period = 1.0
     try:
         assert await a.charge(tenant, [], lease=claim("l1", period_s=period)) is None
         assert await b.charge(tenant, [], lease=claim("l2", period_s=period)) is None
@@ -172,7 +172,7 @@ async def test_leases_hold_their_limit_across_stores_and_run_out(
         waited = await until_taken(
             lambda: b.charge(tenant, [], lease=claim("l3", period_s=period)), 5.0
         )
-        assert waited <= period + 0.3
+        assert waited <= period + 0.5, waited
         assert await a.renew_leases([HeldLease(tenant, "slots", "l1")], period) == [
             HeldLease(tenant, "slots", "l1")  # ran out: gone for good
         ]
