@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from gateway.config import GatewayConfig
 from gateway.tenants import Tenants
 from store import Charge, HeldLease, LeaseClaim, Refusal, SessionStore, StoreUnavailable
 
@@ -128,7 +129,12 @@ class Lease:
 
 
 class Quotas:
-    def __init__(self, store: SessionStore, tenants: Tenants, lease_period_s: float) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        tenants: Tenants,
+        lease_period_s: float = GatewayConfig.lease_period_s,
+    ) -> None:
         self.store = store
         self.tenants = tenants
         self.leases = LeaseKeeper(store, lease_period_s)
