@@ -86,6 +86,11 @@ class GatewayConfig:
     """Seconds an idle client connection is kept open."""
     max_concurrency: int = 1024
     """Connections and requests one gateway process serves at once; more get a 503."""
+    lease_period_s: float = 30.0
+    """Seconds a request's slot among its tenant's ``concurrent_requests`` outlives the
+    gateway process that holds it: each process renews its requests' leases every third of
+    this while they run (a stream keeps its slot however long it runs), so a process that
+    dies or loses the store frees its slots within this long."""
     max_restores: int = 3
     """Restores the gateway answers within one request (the model asked again after each);
     past it the reply goes to the harness as it is."""

@@ -89,7 +89,7 @@ class Pipeline:
         self.tenants = Tenants(
             config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
         )
-        self.quotas = Quotas(store, self.tenants)
+        self.quotas = Quotas(store, self.tenants, config.lease_period_s)
         # With no budget configured, a cliff below the replicas' context window.
         self.guard = ContextGuard(
             pool.healthy, upstream.get_json, Renderers(config.k), enabled=config.budget is None

@@ -4,7 +4,7 @@ and kept replies, behind one small contract per concern and a backend per URL sc
 from store.assignments import Assign, Assignments
 from store.errors import NotFound, SessionTooLarge, StoreError, StoreUnavailable
 from store.histories import Histories, IngestResult, Lookup, StoredHistory
-from store.ledger import Charge, Ledger, Refusal
+from store.ledger import Charge, HeldLease, LeaseClaim, Ledger, Refusal
 from store.registry import default_sqlite_path, open_store
 from store.replies import KeptReplies
 from store.session_store import SessionStore
@@ -13,9 +13,11 @@ __all__ = [
     "Assign",
     "Assignments",
     "Charge",
+    "HeldLease",
     "Histories",
     "IngestResult",
     "KeptReplies",
+    "LeaseClaim",
     "Ledger",
     "Lookup",
     "NotFound",

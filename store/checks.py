@@ -45,3 +45,8 @@ def check_counts(counts: Mapping[str, int], token: str, latest: Mapping[str, int
 def check_ttl(what: str, ttl_s: float) -> None:
     if ttl_s <= 0:
         raise ValueError(f"{what} ttl_s must be positive, got {ttl_s}")
+
+
+def check_lease_period(period_s: float) -> None:
+    if not period_s > 0:
+        raise ValueError(f"lease period_s must be positive, got {period_s}")

@@ -1,36 +1,43 @@
 """Admit: per-tenant quotas, enforced through the store so every gateway process shares them.
 
 Limits come from the tenant's settings (``gateway.tenants``). Rates are fixed one-minute
-windows; requests in flight are a gauge raised on admission and lowered when the reply
-ends. A request is checked twice, each time with one store call and only for the limits
-the tenant has: before its body is read (requests per minute, requests in flight), and
-before its history is stored (prompt tokens per minute, sessions), so a refused request
-writes nothing. Upstream prompt tokens are only known after a reply: they are added then,
-and a tenant whose window is used up is refused until the window turns.
-"""
+windows. A request in flight holds a lease of its tenant's slots (``store.ledger``), taken
+on admission and released when the reply ends; this process renews its live leases while
+their requests run (``LeaseKeeper``), so a slot outlives its process by at most one lease
+period: the slots of a process that was killed, or could not reach the store to release
+them, come back on their own. A request is checked twice, each time with one store call
+and only for the limits the tenant has: before its body is read (requests per minute,
+requests in flight), and before its history is stored (prompt tokens per minute,
+sessions), so a refused request writes nothing. Upstream prompt tokens are only known after
+a reply: they are added then, and a tenant whose window is used up is refused until the
+window turns."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 
+from gateway.config import GatewayConfig
 from gateway.tenants import Tenants
-from store import Charge, Refusal, SessionStore, StoreUnavailable
+from store import Charge, HeldLease, LeaseClaim, Refusal, SessionStore, StoreUnavailable
 
 log = logging.getLogger("foldgate")
 
 WINDOW_S = 60.0
-# When a tenant is at its in-flight or session limit nothing says when a slot frees up.
-SLOT_RETRY_S = 1
+# The lease pool of a tenant's requests in flight.
+SLOTS = "concurrent"
+# When a tenant is at its session limit nothing says when a session expires.
 SESSION_RETRY_S = 60
 
 _LIMITS = {
     "requests": "requests per minute",
     "raw_tokens": "prompt tokens per minute",
     "upstream_tokens": "upstream prompt tokens per minute",
-    "concurrent": "concurrent requests",
+    SLOTS: "concurrent requests",
     "sessions": "live sessions",
 }
 
@@ -46,28 +53,91 @@ class QuotaExceeded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class LeaseKeeper:
+    """This process's live leases, renewed all in one store call every third of a lease
+    period while any are held (one task, which ends when none are left)."""
+
+    def __init__(self, store: SessionStore, period_s: float) -> None:
+        if period_s <= 0:
+            raise ValueError(f"lease period must be positive, got {period_s}")
+        self.store = store
+        self.period_s = period_s
+        self.live: set[HeldLease] = set()
+        self._renewing: asyncio.Task[None] | None = None
+        self._emptied = asyncio.Event()
+
+    def hold(self, lease: HeldLease) -> None:
+        self.live.add(lease)
+        self._emptied.clear()
+        if self._renewing is None:
+            self._renewing = asyncio.create_task(self._renew())
+
+    async def release(self, lease: HeldLease) -> None:
+        """Stop renewing the lease and give it back; if the store cannot be reached, it
+        runs out on its own within one lease period."""
+        self.live.discard(lease)
+        if not self.live:
+            self._emptied.set()
+        try:
+            await self.store.release_lease(lease)
+        except StoreUnavailable as exc:
+            log.warning(
+                "slot of tenant %r not released (free within %g s): %s",
+                lease.tenant,
+                self.period_s,
+                exc,
+            )
+
+    async def _renew(self) -> None:
+        try:
+            while self.live:
+                try:
+                    async with asyncio.timeout(self.period_s / 3):
+                        await self._emptied.wait()
+                except TimeoutError:
+                    pass
+                if not self.live:
+                    break
+                try:
+                    lost = await self.store.renew_leases(list(self.live), self.period_s)
+                except StoreUnavailable as exc:
+                    log.warning("leases of requests in flight not renewed: %s", exc)
+                    continue
+                except Exception:  # the next round tries again; an ended task would not
+                    log.exception("leases of requests in flight not renewed")
+                    continue
+                for lease in lost:
+                    if lease in self.live:  # not released meanwhile: it ran out
+                        log.warning("slot of tenant %r ran out in flight", lease.tenant)
+                        self.live.discard(lease)
+        finally:
+            self._renewing = None
+
+
 @dataclass
 class Lease:
     """A request's slot among the tenant's requests in flight (a no-op without a limit)."""
 
-    store: SessionStore | None
-    tenant: str
+    keeper: LeaseKeeper | None = None
+    held: HeldLease | None = None
     released: bool = False
 
     async def release(self) -> None:
-        if self.store is not None and not self.released:
+        if self.keeper is not None and self.held is not None and not self.released:
             self.released = True
-            try:
-                await self.store.charge(self.tenant, [Charge("concurrent", -1)])
-            except StoreUnavailable as exc:
-                # The gauge expires on its own (store.ledger.GAUGE_TTL_S).
-                log.warning("slot of tenant %r not released: %s", self.tenant, exc)
+            await self.keeper.release(self.held)
 
 
 class Quotas:
-    def __init__(self, store: SessionStore, tenants: Tenants) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        tenants: Tenants,
+        lease_period_s: float = GatewayConfig.lease_period_s,
+    ) -> None:
         self.store = store
         self.tenants = tenants
+        self.leases = LeaseKeeper(store, lease_period_s)
 
     async def admit(self, tenant: str) -> Lease:
         """Count the request and take a slot in flight; ``QuotaExceeded`` when over."""
@@ -75,10 +145,14 @@ class Quotas:
         charges = []
         if limits.requests_per_minute is not None:
             charges.append(Charge("requests", 1, limits.requests_per_minute, WINDOW_S))
-        if limits.concurrent_requests is not None:
-            charges.append(Charge("concurrent", 1, limits.concurrent_requests))
-        await self._charge(tenant, charges)
-        return Lease(self.store if limits.concurrent_requests is not None else None, tenant)
+        if limits.concurrent_requests is None:
+            await self._charge(tenant, charges)
+            return Lease()
+        held = HeldLease(tenant, SLOTS, uuid.uuid4().hex)
+        claim = LeaseClaim(SLOTS, held.lease_id, limits.concurrent_requests, self.leases.period_s)
+        await self._charge(tenant, charges, lease=claim)
+        self.leases.hold(held)
+        return Lease(self.leases, held)
 
     async def admit_prompt(self, tenant: str, session: str, raw_tokens: int) -> None:
         """Before the history is stored: prompt-token rates and the session count."""
@@ -106,18 +180,20 @@ class Quotas:
         *,
         session: str | None = None,
         max_sessions: int | None = None,
+        lease: LeaseClaim | None = None,
     ) -> None:
-        if not charges and max_sessions is None:
+        if not charges and max_sessions is None and lease is None:
             return
         refusal = await self.store.charge(
-            tenant, charges, session=session, max_sessions=max_sessions
+            tenant, charges, session=session, max_sessions=max_sessions, lease=lease
         )
         if refusal is None:
             return
         if refusal.name == "sessions":
             retry = SESSION_RETRY_S
-        elif refusal.name == "concurrent":
-            retry = SLOT_RETRY_S
+        elif refusal.name == SLOTS:
+            # the earliest a slot is free for sure: when the first lease would run out
+            retry = max(1, math.ceil(refusal.free_in_s or 0))
         else:
             retry = max(1, math.ceil(WINDOW_S - time.time() % WINDOW_S))
         raise QuotaExceeded(tenant, refusal, retry)

@@ -38,5 +38,9 @@ class RedisKeys:
         """The tenant's sessions, scored by when each was last used (ms)."""
         return self.tenant(tenant, "sessions")
 
+    def leases(self, tenant: str, name: str) -> str:
+        """The tenant's lease pool ``name``: lease id -> deadline (ms, the server's clock)."""
+        return self.tenant(tenant, f"leases:{esc(name)}")
+
     def reply(self, tenant: str, reply_id: str) -> str:
         return self.tenant(tenant, f"reply:{esc(reply_id)}")

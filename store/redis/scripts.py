@@ -11,7 +11,7 @@ gw: "<b>:n" count, "<b>:<seq>" -> packed [after_index, message]. state: the requ
 "<b>:rn" count, "<b>:r:<seq>" records (the key's name predates the log).
 counts: "<b>:<name>" -> integer, "t:<token>" for every counting call already applied.
 Tenant scripts take keys under the tenant's own tag: its counters, token keys, quota
-counters and session index.
+counters, lease pools and session index.
 """
 
 _COMMON = """
@@ -247,33 +247,86 @@ for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 'ok'
 """
 
-# KEYS: the tenant's session index, then one key per charge. ARGV: session ('' for none),
-# max_sessions (-1: none), the index score below which a session has expired, then per
-# charge: amount, limit (-1: none), ttl_ms. Replies: {'ok'} | {'over', i, current} where
-# i = 0 is the session count and i >= 1 the i-th charge. Checks everything, then writes.
-CHARGE = """
-local n = #KEYS - 1
+# A lease pool (sorted set: lease id -> deadline in ms by the Redis server's clock, which
+# every gateway process shares). ``clock_ms``: now; ``keep_pool``: the key lives until its
+# last deadline (an empty pool is deleted).
+_LEASES = """
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function keep_pool(key, now)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIRE', key, math.max(1, tonumber(last[2]) - now)) end
+end
+"""
+
+# KEYS: the tenant's session index, its lease pool (used only with a lease), then one key
+# per charge. ARGV: session ('' for none), max_sessions (-1: none), the index score below
+# which a session has expired, lease id ('' for none), lease limit, lease period_ms, then
+# per charge: amount, limit (-1: none), ttl_ms. Replies: {'ok'} | {'over', i, current}
+# where i = 0 is the session count and i >= 1 the i-th charge | {'full', held, ms until
+# the earliest lease's deadline}. Checks everything (dropping expired leases), then writes.
+CHARGE = (
+    _LEASES
+    + """
+local n, pool, lease = #KEYS - 2, KEYS[2], ARGV[4]
 if ARGV[1] ~= '' and tonumber(ARGV[2]) >= 0 and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
   local live = redis.call('ZCARD', KEYS[1])
   if live >= tonumber(ARGV[2]) then return {'over', 0, live} end
 end
 for i = 1, n do
-  local amount, limit = tonumber(ARGV[1 + 3 * i]), tonumber(ARGV[2 + 3 * i])
+  local amount, limit = tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i])
   if limit >= 0 then
-    local cur = tonumber(redis.call('GET', KEYS[1 + i]) or '0')
+    local cur = tonumber(redis.call('GET', KEYS[2 + i]) or '0')
     if cur + math.max(amount, 1) > limit then return {'over', i, cur} end
   end
 end
-for i = 1, n do
-  local amount = tonumber(ARGV[1 + 3 * i])
-  if amount ~= 0 then
-    if redis.call('INCRBY', KEYS[1 + i], amount) < 0 then redis.call('SET', KEYS[1 + i], 0) end
-    redis.call('PEXPIRE', KEYS[1 + i], ARGV[3 + 3 * i])
+local now = 0
+if lease ~= '' then
+  now = clock_ms()
+  redis.call('ZREMRANGEBYSCORE', pool, '-inf', now)
+  local held = redis.call('ZCARD', pool)
+  if held >= tonumber(ARGV[5]) and not redis.call('ZSCORE', pool, lease) then
+    local first = redis.call('ZRANGE', pool, 0, 0, 'WITHSCORES')
+    return {'full', held, tonumber(first[2]) - now}
   end
+end
+for i = 1, n do
+  local amount = tonumber(ARGV[4 + 3 * i])
+  if amount ~= 0 then
+    if redis.call('INCRBY', KEYS[2 + i], amount) < 0 then redis.call('SET', KEYS[2 + i], 0) end
+    redis.call('PEXPIRE', KEYS[2 + i], ARGV[6 + 3 * i])
+  end
+end
+if lease ~= '' then
+  redis.call('ZADD', pool, now + tonumber(ARGV[6]), lease)
+  keep_pool(pool, now)
 end
 return {'ok'}
 """
+)
+
+# KEYS: a lease pool. ARGV: period_ms, then lease ids. Pushes each live lease's deadline
+# to period_ms from now; replies with the ids no longer held.
+RENEW_LEASES = (
+    _LEASES
+    + """
+local now = clock_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+keep_pool(KEYS[1], now)
+return lost
+"""
+)
 
 # KEYS: the assignment key. ARGV: has_expected ('1'/'0'), expected, replica, ttl_ms.
 SET_ASSIGNMENT = """

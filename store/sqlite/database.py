@@ -66,6 +66,12 @@ CREATE INDEX IF NOT EXISTS count_tokens_expiry ON count_tokens (expires);
 CREATE TABLE IF NOT EXISTS quota_counters (
   tenant TEXT, name TEXT, value INTEGER, expires REAL,
   PRIMARY KEY (tenant, name)) WITHOUT ROWID;
+-- Leases (store.ledger): at most a limit of them per tenant and pool, each until its
+-- deadline. (Databases of earlier versions counted requests in flight as the quota
+-- counter "concurrent": nothing reads it now; it expires as any counter.)
+CREATE TABLE IF NOT EXISTS leases (
+  tenant TEXT, name TEXT, id TEXT, deadline REAL,
+  PRIMARY KEY (tenant, name, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS assignments (
   tenant TEXT, session TEXT, replica TEXT, expires REAL,
   PRIMARY KEY (tenant, session)) WITHOUT ROWID;

@@ -1,4 +1,5 @@
-"""The SQLite backend's ledger: counters, request logs, counting tokens, quota counters."""
+"""The SQLite backend's ledger: counters, request logs, counting tokens, quota counters,
+leases (deadlines by this host's clock, which every process sharing the file shares)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 
-from store.ledger import COUNT_TOKEN_TTL_S, Charge, Ledger, Refusal, over_limit, window_key
+from store.ledger import (
+    COUNT_TOKEN_TTL_S,
+    Charge,
+    HeldLease,
+    LeaseClaim,
+    Ledger,
+    Refusal,
+    over_limit,
+    window_key,
+)
 from store.sqlite.database import SQLiteDatabase
 from store.sqlite.sessions import branch_length, need_session, session_id
 
@@ -100,6 +110,7 @@ class SQLiteLedger(Ledger):
         charges: Sequence[Charge],
         session: str | None,
         max_sessions: int | None,
+        lease: LeaseClaim | None,
     ) -> Refusal | None:
         def take(conn: sqlite3.Connection) -> Refusal | None:
             now = time.time()
@@ -119,10 +130,61 @@ class SQLiteLedger(Ledger):
                     return Refusal(c.name, current, c.limit or 0)
                 if c.amount:
                     writes.append((tenant, name, max(current + c.amount, 0), now + keep_s))
+            if lease is not None:
+                refused = self._pool_full(conn, tenant, lease, now)
+                if refused is not None:
+                    return refused
+                conn.execute(
+                    "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)",
+                    (tenant, lease.name, lease.lease_id, now + lease.period_s),
+                )
             conn.executemany("INSERT OR REPLACE INTO quota_counters VALUES (?, ?, ?, ?)", writes)
             return None
 
         return await self.db.run(take, write=True, quick=True)
+
+    @staticmethod
+    def _pool_full(
+        conn: sqlite3.Connection, tenant: str, lease: LeaseClaim, now: float
+    ) -> Refusal | None:
+        """The refusal when the lease's pool holds ``lease.limit`` live leases (not this one)."""
+        pool = (tenant, lease.name)
+        conn.execute("DELETE FROM leases WHERE tenant=? AND name=? AND deadline<=?", (*pool, now))
+        held = conn.execute(
+            "SELECT 1 FROM leases WHERE tenant=? AND name=? AND id=?", (*pool, lease.lease_id)
+        ).fetchone()
+        count, earliest = conn.execute(
+            "SELECT COUNT(*), MIN(deadline) FROM leases WHERE tenant=? AND name=?", pool
+        ).fetchone()
+        if held is not None or count < lease.limit:
+            return None
+        return Refusal(lease.name, int(count), lease.limit, max(0.0, earliest - now))
+
+    async def extend_leases(self, leases: Sequence[HeldLease], period_s: float) -> list[HeldLease]:
+        def extend(conn: sqlite3.Connection) -> list[HeldLease]:
+            now = time.time()
+            lost = []
+            for held in leases:
+                renewed = conn.execute(
+                    "UPDATE leases SET deadline=? WHERE tenant=? AND name=? AND id=?"
+                    " AND deadline>?",
+                    (now + period_s, held.tenant, held.name, held.lease_id, now),
+                )
+                if renewed.rowcount == 0:
+                    lost.append(held)
+            return lost
+
+        return await self.db.run(extend, write=True, quick=True)
+
+    async def drop_lease(self, lease: HeldLease) -> None:
+        await self.db.run(
+            lambda conn: conn.execute(
+                "DELETE FROM leases WHERE tenant=? AND name=? AND id=?",
+                (lease.tenant, lease.name, lease.lease_id),
+            ),
+            write=True,
+            quick=True,
+        )
 
     def _too_many_sessions(
         self, conn: sqlite3.Connection, tenant: str, session: str, max_sessions: int, now: float

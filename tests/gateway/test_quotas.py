@@ -250,7 +250,8 @@ async def test_concurrent_requests_limit_and_slots_come_back(store_url):
     assert codes == [200, 200, 429, 429]
     assert [r.status_code for r in after] == [200, 200]
     refused = next(r for r in replies if r.status_code == 429)
-    assert refused.headers["retry-after"] == "1"
+    # when the earliest slot's lease would run out: within one lease period
+    assert 1 <= int(refused.headers["retry-after"]) <= config.lease_period_s
     assert "concurrent requests" in refused.json()["error"]["message"]
 
 

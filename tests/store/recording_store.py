@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
-from store import Assign, Charge, IngestResult, Lookup, Refusal, SessionStore, StoredHistory
+from store import (
+    Assign,
+    Charge,
+    HeldLease,
+    IngestResult,
+    LeaseClaim,
+    Lookup,
+    Refusal,
+    SessionStore,
+    StoredHistory,
+)
 from store.codec import PackedMessage
 from store.digests import PackedHistory
 
@@ -84,10 +94,22 @@ class RecordingStore(SessionStore):
         return {}
 
     async def take_charges(
-        self, tenant: str, charges: Sequence[Charge], session: str | None, max_sessions: int | None
+        self,
+        tenant: str,
+        charges: Sequence[Charge],
+        session: str | None,
+        max_sessions: int | None,
+        lease: LeaseClaim | None,
     ) -> Refusal | None:
-        self._called("take_charges", tenant, charges, session, max_sessions)
+        self._called("take_charges", tenant, charges, session, max_sessions, lease)
         return None
+
+    async def extend_leases(self, leases: Sequence[HeldLease], period_s: float) -> list[HeldLease]:
+        self._called("extend_leases", leases, period_s)
+        return []
+
+    async def drop_lease(self, lease: HeldLease) -> None:
+        self._called("drop_lease", lease)
 
     async def read_assignment(self, tenant: str, session: str) -> str | None:
         self._called("read_assignment", tenant, session)

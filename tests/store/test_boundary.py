@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from store import Assign, Charge
+from store import Assign, Charge, HeldLease, LeaseClaim
 from tests.store.conftest import history, msg
 from tests.store.recording_store import RecordingStore
 
@@ -27,6 +27,9 @@ CALLS: dict[str, Call] = {
     "get_counts": lambda s, t: s.get_counts(t, "s", 0),
     "get_tenant_counts": lambda s, t: s.get_tenant_counts(t),
     "charge": lambda s, t: s.charge(t, [Charge("req", 1, 3, 60.0)]),
+    "charge with a lease": lambda s, t: s.charge(t, [], lease=LeaseClaim("slots", "l1", 2, 30.0)),
+    "renew_leases": lambda s, t: s.renew_leases([HeldLease(t, "slots", "l1")], 30.0),
+    "release_lease": lambda s, t: s.release_lease(HeldLease(t, "slots", "l1")),
     "get_assignment": lambda s, t: s.get_assignment(t, "s"),
     "set_assignment": lambda s, t: s.set_assignment(t, "s", "r1", expected=None, ttl_s=30),
     "put_reply": lambda s, t: s.put_reply(t, "resp_1", b"x"),
@@ -62,6 +65,13 @@ async def test_bad_arguments_of_each_contract_are_refused_before_the_backend() -
         (store.charge("t", [Charge("", 1)]), "charge must be a non-empty string"),
         (store.charge("t", [Charge("req", 1, 3, 0.0)]), "charge window must be positive"),
         (store.charge("t", [], session="", max_sessions=1), "session"),
+        (store.charge("t", [], lease=LeaseClaim("", "l1", 2, 30.0)), "lease pool"),
+        (store.charge("t", [], lease=LeaseClaim("slots", "", 2, 30.0)), "lease id"),
+        (store.charge("t", [], lease=LeaseClaim("slots", "l1", 0, 30.0)), "lease limit"),
+        (store.charge("t", [], lease=LeaseClaim("slots", "l1", 2, 0.0)), "period_s must be"),
+        (store.renew_leases([HeldLease("t", "slots", "l1")], -1.0), "period_s must be"),
+        (store.renew_leases([HeldLease("t", "slots", "a\x00b")], 30.0), "lease id"),
+        (store.release_lease(HeldLease("t", "", "l1")), "lease pool"),
         (store.set_assignment("t", "s", "", expected=None, ttl_s=30), "replica"),
         (store.set_assignment("t", "s", "r1", expected=None, ttl_s=0), "ttl_s must be positive"),
         (store.put_reply("t", "", b"x"), "reply"),

@@ -1,13 +1,15 @@
-"""The ledger contract (store.ledger: counters, request logs, quota charges), run against
-every backend (real Redis, SQLite)."""
+"""The ledger contract (store.ledger: counters, request logs, quota charges, leases), run
+against every backend (real Redis, SQLite)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from store import Charge, NotFound, Refusal, SessionStore
+from store import Charge, HeldLease, LeaseClaim, NotFound, Refusal, SessionStore
 from tests.store.conftest import StoreFactory, history, msg
 
 
@@ -134,3 +136,103 @@ async def test_session_count_limit(store: SessionStore, tenant: str) -> None:
     assert await store.charge(tenant, req, session="c", max_sessions=3) is None
     await store.delete_session(tenant, "b")
     assert await store.charge(tenant, req, session="c", max_sessions=2) is None
+
+
+async def until_taken(charge: Callable[[], Awaitable[Refusal | None]], bound_s: float) -> float:
+    """Repeat ``charge`` until it is taken; the seconds that took (fails past ``bound_s``)."""
+    started = time.monotonic()
+    while await charge() is not None:
+        assert time.monotonic() - started < bound_s, f"not taken within {bound_s} s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+def claim(lease_id: str, limit: int = 2, period_s: float = 30.0) -> LeaseClaim:
+    return LeaseClaim("slots", lease_id, limit, period_s)
+
+
+async def test_leases_hold_their_limit_across_stores_and_run_out(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    a, b = make_store(), make_store()
+    period = 1.0
+    try:
+        assert await a.charge(tenant, [], lease=claim("l1", period_s=period)) is None
+        assert await b.charge(tenant, [], lease=claim("l2", period_s=period)) is None
+        assert await a.charge(tenant, [], lease=claim("l1", period_s=period)) is None  # again
+        refused = await b.charge(tenant, [Charge("req", 1, 1, 60.0)], lease=claim("l3"))
+        assert refused is not None and refused.name == "slots"
+        assert (refused.current, refused.limit) == (2, 2)
+        assert refused.free_in_s is not None and 0 <= refused.free_in_s <= period
+        # all or nothing: the refused claim did not count the request either
+        assert await b.charge(tenant, [Charge("req", 1, 1, 60.0)]) is None
+        # another tenant's pool is its own
+        assert await a.charge(f"{tenant}-b", [], lease=claim("l1", limit=1)) is None
+        # nobody renews l1 and l2: their slots come back within the period
+        waited = await until_taken(
+            lambda: b.charge(tenant, [], lease=claim("l3", period_s=period)), 5.0
+        )
+        assert waited <= period + 0.5, waited
+        assert await a.renew_leases([HeldLease(tenant, "slots", "l1")], period) == [
+            HeldLease(tenant, "slots", "l1")  # ran out: gone for good
+        ]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_renewed_leases_outlive_their_period_and_released_ones_stay_gone(
+    make_store: StoreFactory, tenant: str
+) -> None:
+    a, b = make_store(), make_store()
+    period = 0.4
+    held = [HeldLease(tenant, "slots", "l1"), HeldLease(tenant, "slots", "l2")]
+    other = HeldLease(f"{tenant}-b", "slots", "l1")
+    try:
+        assert await a.charge(tenant, [], lease=claim("l1", period_s=period)) is None
+        assert await a.charge(other.tenant, [], lease=claim("l1", 1, period)) is None
+        assert await b.charge(tenant, [], lease=claim("l2", period_s=period)) is None
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * period:  # renewed well past the period
+            assert await a.renew_leases([*held, other], period) == []  # any tenants at once
+            assert (await b.charge(tenant, [], lease=claim("l3"))) is not None
+            assert (await b.charge(other.tenant, [], lease=claim("l3", 1))) is not None
+            await asyncio.sleep(period / 4)
+        await b.release_lease(held[0])
+        await a.release_lease(held[0])  # again: nothing happens
+        await a.release_lease(HeldLease(tenant, "slots", "never-held"))
+        # a renewal racing the release does not bring the lease back
+        assert await a.renew_leases(held, period) == [held[0]]
+        assert await b.charge(tenant, [], lease=claim("l3", period_s=period)) is None
+        assert await b.charge(tenant, [], lease=claim("l4")) is not None
+        assert await a.renew_leases([], period) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_refused_claim_says_when_the_earliest_lease_runs_out(
+    store: SessionStore, tenant: str
+) -> None:
+    assert await store.charge(tenant, [], lease=claim("long", period_s=20.0)) is None
+    assert await store.charge(tenant, [], lease=claim("short", period_s=5.0)) is None
+    refused = await store.charge(tenant, [], lease=claim("third"))
+    assert refused is not None and refused.free_in_s is not None
+    assert 4.0 < refused.free_in_s <= 5.0
+    # renewed: the earliest deadline is the other lease's now
+    assert await store.renew_leases([HeldLease(tenant, "slots", "short")], 40.0) == []
+    refused = await store.charge(tenant, [], lease=claim("third"))
+    assert refused is not None and refused.free_in_s is not None
+    assert 19.0 < refused.free_in_s <= 20.0
+
+
+async def test_the_gauge_of_an_earlier_version_takes_no_slot(
+    store: SessionStore, tenant: str
+) -> None:
+    """Requests in flight were once the gauge "concurrent": a store holding one at its limit
+    (left by a crashed process) admits requests, which hold leases now."""
+    assert await store.charge(tenant, [Charge("concurrent", 5)]) is None
+    lease = LeaseClaim("concurrent", "l1", 1, 30.0)
+    assert await store.charge(tenant, [], lease=lease) is None
+    refused = await store.charge(tenant, [], lease=LeaseClaim("concurrent", "l2", 1, 30.0))
+    assert refused is not None and refused.current == 1
