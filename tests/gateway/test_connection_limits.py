@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from gateway.config import GatewayConfig
+from gateway.http_server import HeaderPhase
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
 from tests.gateway.conftest import gateway_process
@@ -153,3 +154,22 @@ async def test_past_its_request_limit_the_gateway_answers_in_the_endpoints_shape
         if held is not None:
             held.close()
         await fake.stop()
+
+
+def test_each_peer_keeps_its_own_bound_of_connections_awaiting_headers() -> None:
+    phase = HeaderPhase(per_client=2)
+    closed: list[str] = []
+
+    def enter(client: str, name: str) -> None:
+        for close in phase.enter(client, name, lambda: closed.append(name)):
+            close()
+
+    for name in ("a1", "a2", "a3", "a4"):
+        enter("10.0.0.1", name)
+    enter("10.0.0.2", "b1")
+    assert closed == ["a1", "a2"]  # the oldest go; another peer's are not touched
+    assert (phase.waiting("10.0.0.1"), phase.waiting("10.0.0.2")) == (2, 1)
+    phase.leave("10.0.0.1", "a3")  # its headers arrived
+    phase.leave("10.0.0.1", "a1")  # pushed out before: nothing to do
+    enter("10.0.0.1", "a5")
+    assert closed == ["a1", "a2"] and phase.waiting("10.0.0.1") == 2
