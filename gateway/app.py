@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.background import BackgroundTask
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -23,7 +23,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects import DIALECTS
 from gateway.dialects.base import Dialect
 from gateway.disconnect import ClientGone, EventStream
-from gateway.exposure import ReplicaLabels, header_value
+from gateway.exposure import LabelledMetrics, ReplicaLabels, header_value
 from gateway.http_errors import error_response
 from gateway.pipeline import Pipeline
 from gateway.sessions_api import SessionEndpoints
@@ -99,7 +99,9 @@ class Gateway:
         return JSONResponse(body, status_code=200 if healthy else 503)
 
     async def prometheus(self) -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        """The metrics, replicas as clients are shown them: a scraper needs no key."""
+        shown = LabelledMetrics(REGISTRY, self.replicas)
+        return Response(generate_latest(shown), media_type=CONTENT_TYPE_LATEST)
 
 
 class DialectRoute:

@@ -78,14 +78,26 @@ class GatewayConfig:
     connect_timeout_s: float = 5.0
     """Seconds to open a connection to a replica; a failed connect is retried on another
     replica."""
-    header_timeout_s: float = 15.0
-    """Seconds a client has to send a request's headers (``foldgate serve``)."""
+    header_timeout_s: float = 5.0
+    """Seconds a client has to send a request's headers (``foldgate serve``), from its
+    connection (or, on a kept-alive one, from the request's first byte). Clients send the
+    request line and headers in one write: 5 s covers two TCP retransmissions on a lossy
+    link (1 s, then 2 s) and holds a connection that never finishes a third as long as
+    the 15 s it once was."""
+    header_connections_per_client: int = 64
+    """Connections one peer address may have still sending their headers
+    (``foldgate serve``); one more closes that peer's oldest. A client's connections pass
+    this phase within a round trip, so even a busy host (or a proxy in front of the
+    gateway) has a few in it at once."""
     body_timeout_s: float = 60.0
     """Seconds a client has to send a request's body."""
     keep_alive_s: float = 30.0
     """Seconds an idle client connection is kept open."""
     max_concurrency: int = 1024
-    """Connections and requests one gateway process serves at once; more get a 503."""
+    """Requests one gateway process serves at once (``foldgate serve``); more get a 503 in
+    the endpoint's error shape with ``retry-after``. Connections still sending their
+    headers or idle between requests do not count (``header_timeout_s``,
+    ``header_connections_per_client``, ``keep_alive_s`` bound them)."""
     lease_period_s: float = 30.0
     """Seconds a request's slot among its tenant's ``concurrent_requests`` outlives the
     gateway process that holds it: each process renews its requests' leases every third of
@@ -166,6 +178,7 @@ def _from_env(name: str, raw: str) -> Any:
         "max_restores",
         "max_attempts",
         "max_concurrency",
+        "header_connections_per_client",
         "breaker_failures",
     }:
         return int(raw)

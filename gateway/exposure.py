@@ -3,7 +3,8 @@ replica labels in place of the replicas' internal addresses.
 
 A replica's URL is an internal address (a pod IP, a host name); clients see a label that
 is stable for the replica (a keyed digest of its URL, so it cannot be reversed by trying
-addresses) unless the operator turns ``debug`` on.
+addresses) unless the operator turns ``debug`` on. ``/metrics`` answers without a key (a
+scraper needs none), so its series carry the same labels (``LabelledMetrics``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Printable ASCII but "%": what a percent-encoded header value may hold verbatim.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
@@ -58,3 +63,25 @@ class ReplicaLabels:
         if isinstance(value, list):
             return [self.hide(v) for v in value]
         return value
+
+
+class LabelledMetrics:
+    """A Prometheus collector: ``collector``'s series with each ``replica`` label's value
+    (a replica's URL) as ``labels`` shows it to clients (for ``generate_latest``)."""
+
+    def __init__(self, collector: Collector, labels: ReplicaLabels) -> None:
+        self.collector = collector
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.collector.collect():
+            shown = Metric(family.name, family.documentation, family.type, family.unit)
+            shown.samples = [
+                sample._replace(labels=self._shown(sample.labels)) for sample in family.samples
+            ]
+            yield shown
+
+    def _shown(self, labels: dict[str, str]) -> dict[str, str]:
+        if "replica" not in labels:
+            return labels
+        return {**labels, "replica": self.labels.label(labels["replica"])}

@@ -1,64 +1,168 @@
 """uvicorn as ``foldgate serve`` runs it, with the limits a public endpoint needs.
 
-uvicorn bounds idle keep-alive connections and concurrency itself, but not how long a
-client may take to send a request's headers: a connection that sends half a request would
-be held forever. The protocol here closes it after ``header_timeout_s``; the body's own
-read timeout is the app's (``GatewayConfig.body_timeout_s``).
+uvicorn's own ``limit_concurrency`` counts every open connection with the requests in
+flight and answers past it with a plain-text 503. A connection that sends a request line
+and a header and then nothing costs its client nothing, so about a thousand of them,
+without a key, took every slot from authenticated traffic for as long as the header
+timeout held them. Here a connection takes a share of the gateway only for what it does:
+
+- Requests in flight (headers complete) are bounded by ``max_concurrency``
+  (``RequestLimit``); past it the 503 is in the endpoint's error shape, with
+  ``retry-after``. Connections still sending their headers, or idle between two
+  requests, do not count.
+- A connection still sending a request's headers is closed after ``header_timeout_s``,
+  and each peer address keeps at most ``header_connections_per_client`` of them
+  (``HeaderPhase``): one more closes that peer's oldest, so a client flooding slow
+  connections cannot lock its own complete requests out either (theirs pass the phase
+  within a round trip).
+- Idle keep-alive connections close after ``keep_alive_s`` (uvicorn's own timer).
+
+The body's own read timeout is the app's (``GatewayConfig.body_timeout_s``); an
+unauthenticated request is answered before its body is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig
+from gateway.dialects import DIALECTS
+from gateway.dialects.errors import openai_error_body
+from gateway.http_errors import ErrorRule, error_response, fixed_retry_after
 
 
-def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """uvicorn's HTTP/1.1 protocol, closing connections whose headers do not arrive in time."""
+class Overloaded(Exception):
+    """The gateway process already serves ``max_concurrency`` requests."""
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
+
+OVERLOAD_ERRORS = {
+    Overloaded: ErrorRule(
+        503,
+        "overloaded_error",
+        message="the gateway is at its request limit, retry",
+        retry_after=fixed_retry_after,
+    )
+}
+# Each dialect's endpoint answers in its API's error shape; the rest in OpenAI's.
+_ERROR_BODIES = {d.path: d.error_body for d in DIALECTS}
+
+
+class RequestLimit:
+    """ASGI middleware: at most ``max_requests`` HTTP requests in flight (a streamed reply
+    until its last byte); one more is answered at once with ``Overloaded``'s 503."""
+
+    def __init__(self, app: ASGIApp, max_requests: int) -> None:
+        self.app = app
+        self.max_requests = max_requests
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_requests:
+            error_body = _ERROR_BODIES.get(scope["path"], openai_error_body)
+            response = error_response(Overloaded(), error_body, table=OVERLOAD_ERRORS)
+            await response(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+class HeaderPhase:
+    """Connections still sending a request's headers, per peer address, at most
+    ``per_client`` each: ``enter`` returns the close callbacks of the ones it pushes out
+    (that peer's oldest)."""
+
+    def __init__(self, per_client: int) -> None:
+        if per_client < 1:
+            raise ValueError(f"header_connections_per_client must be >= 1, got {per_client}")
+        self.per_client = per_client
+        # peer -> its connections in the phase (insertion order: oldest first) -> close
+        self._by_client: dict[str, dict[object, Callable[[], None]]] = {}
+
+    def enter(
+        self, client: str, connection: object, close: Callable[[], None]
+    ) -> list[Callable[[], None]]:
+        waiting = self._by_client.setdefault(client, {})
+        waiting[connection] = close
+        pushed_out = []
+        while len(waiting) > self.per_client:
+            oldest = next(iter(waiting))
+            pushed_out.append(waiting.pop(oldest))
+        return pushed_out
+
+    def leave(self, client: str, connection: object) -> None:
+        waiting = self._by_client.get(client)
+        if waiting is not None and waiting.pop(connection, None) is not None and not waiting:
+            del self._by_client[client]
+
+    def waiting(self, client: str) -> int:
+        """Connections of ``client`` in the phase now."""
+        return len(self._by_client.get(client, ()))
+
+
+def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpToolsProtocol]:
+    """uvicorn's HTTP/1.1 protocol, closing connections whose headers do not arrive within
+    ``header_timeout_s`` or that ``phase`` pushes out."""
+
+    class GatewayProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()
+            self._await_headers()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm()  # every request of a keep-alive connection
+            # The first request's clock started with the connection; a keep-alive
+            # connection's next request starts its own with its first byte.
+            if self._header_timer is None:
+                self._await_headers()
 
         def on_headers_complete(self) -> None:
-            self._disarm()
+            self._headers_done()
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._headers_done()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout_s, self.transport.close)
+        def _peer(self) -> str:
+            return self.client[0] if self.client else ""
 
-        def _disarm(self) -> None:
+        def _await_headers(self) -> None:
+            close = self.transport.close
+            self._header_timer = self.loop.call_later(header_timeout_s, close)
+            for pushed_out in phase.enter(self._peer(), self, close):
+                pushed_out()
+
+        def _headers_done(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+            phase.leave(self._peer(), self)
 
-    return HeaderTimeoutProtocol
+    return GatewayProtocol
 
 
-def uvicorn_config(app: object, config: GatewayConfig, host: str, port: int) -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, config: GatewayConfig, host: str, port: int) -> uvicorn.Config:
+    phase = HeaderPhase(config.header_connections_per_client)
     return uvicorn.Config(
-        app,
+        RequestLimit(app, config.max_concurrency),
         host=host,
         port=port,
-        http=header_timeout_protocol(config.header_timeout_s),
+        http=gateway_protocol(config.header_timeout_s, phase),
         timeout_keep_alive=max(1, math.ceil(config.keep_alive_s)),
-        limit_concurrency=config.max_concurrency,
         log_level="warning",
         access_log=False,
     )

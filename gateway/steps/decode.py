@@ -53,7 +53,7 @@ class Decoder:
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )
-        return self.cache.decode(dialect, body, ids)
+        return self.cache.decode(dialect, body, ids, tenant=tenant)
 
 
 def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

@@ -19,6 +19,9 @@ from gateway.fold.renderer import RenderState
 from gateway.request_cache import DecodeCache
 from gateway.transcript import Opaque, Text, Thinking, ToolCall
 
+# The tenant every decode here belongs to (the cache keys by tenant).
+TENANT = "t"
+
 FUNCTION_TOOL = {
     "type": "function",
     "name": "exec_command",
@@ -258,7 +261,7 @@ def test_incremental_decode_is_the_full_decode() -> None:
             output(f"c{step}", f"out {step}"),
         ]
         body = codex_body(*copy.deepcopy(items))
-        decoded = cache.decode(OPENAI_RESPONSES, body, ["thread-1"])
+        decoded = cache.decode(OPENAI_RESPONSES, body, ["thread-1"], tenant=TENANT)
         assert decoded.transcript == OPENAI_RESPONSES.decode(codex_body(*copy.deepcopy(items)))
         if previous is not None:
             kept = len(previous.transcript.messages)
@@ -416,7 +419,7 @@ def test_conversations_without_ids_keep_their_own_decode() -> None:
         items = [x for s in range(steps) for x in (call(f"c{s}"), output(f"c{s}"))]
         return {"model": "m", "input": [{"role": "user", "content": task}, *items]}
 
-    a = cache.decode(OPENAI_RESPONSES, body("task a", 1)).transcript
-    cache.decode(OPENAI_RESPONSES, body("task b", 1))
-    grown = cache.decode(OPENAI_RESPONSES, body("task a", 2)).transcript
+    a = cache.decode(OPENAI_RESPONSES, body("task a", 1), tenant=TENANT).transcript
+    cache.decode(OPENAI_RESPONSES, body("task b", 1), tenant=TENANT)
+    grown = cache.decode(OPENAI_RESPONSES, body("task a", 2), tenant=TENANT).transcript
     assert all(x is y for x, y in zip(a.messages, grown.messages[:3], strict=True))

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,21 @@ PROCESS_READY_S = 60.0
 
 
 def config_toml(config: GatewayConfig) -> str:
-    """The config file a gateway process reads: the store, replicas, keys and tenants."""
+    """The config file a gateway process reads: the store, replicas, keys and tenants, and
+    every other scalar field ``config`` sets to something but its default."""
+    defaults = GatewayConfig()
+    scalars = [
+        f"{f.name} = {json.dumps(getattr(config, f.name))}"
+        for f in fields(GatewayConfig)
+        if f.name not in {"store_url", "probe_interval_s"}
+        and isinstance(getattr(config, f.name), bool | int | float | str)
+        and getattr(config, f.name) != getattr(defaults, f.name)
+    ]
     lines = [
         f"store_url = {json.dumps(config.store_url)}",
         f"replicas = {json.dumps(list(config.replicas))}",
         "probe_interval_s = 0.5",
+        *scalars,
         "[api_keys]",
         *(f"{json.dumps(h)} = {json.dumps(t)}" for h, t in config.api_keys.items()),
     ]

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.cpu.replicas import free_ports
 from gateway.config import DEFAULT_TENANT, GatewayConfig
+from gateway.exposure import ReplicaLabels
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from loadtests.local_servers import RedisServer, running_gateway
 from tests.gateway.conftest import gateway_process, store_at
@@ -82,6 +83,10 @@ def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
+# Keys the replicas' labels (``gateway.exposure.ReplicaLabels``), so tests can name them.
+SECRET = "labels-secret"
+
+
 def counter(metrics_text: str, name: str, labels: dict[str, str]) -> float | None:
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
@@ -119,7 +124,9 @@ async def test_one_upstream_5xx_does_not_take_the_only_replica_out(gateway_with_
 
 async def test_a_replica_failing_repeatedly_is_taken_out_and_comes_back(gateway_with_fake, client):
     script = [ScriptedReply(status=503)] * 3
-    async with gateway_with_fake(script, breaker_failures=3, breaker_open_s=0.5) as (url, fake):
+    async with gateway_with_fake(
+        script, breaker_failures=3, breaker_open_s=0.5, cache_salt_secret=SECRET
+    ) as (url, fake):
         failed = [
             (await client.post(f"{url}/v1/messages", json=MESSAGES.body([user("x")]))).status_code
             for _ in range(3)
@@ -134,7 +141,7 @@ async def test_a_replica_failing_repeatedly_is_taken_out_and_comes_back(gateway_
     assert MESSAGES.error(out.json())["type"] == "overloaded_error"
     assert while_out == 3  # the open breaker kept the request away from the replica
     assert back.status_code == 200, back.text  # the half-open trial closed it
-    state = {"replica": fake.url}
+    state = {"replica": ReplicaLabels(SECRET).label(fake.url)}
     assert counter(metrics, "foldgate_router_breaker_state", state) == 0
     assert counter(metrics, "foldgate_router_breaker_opened_total", state) == 1
 
@@ -182,6 +189,7 @@ async def test_replies_breaking_off_after_the_first_chunk_take_the_replica_out(
         upstream_idle_timeout_s=0.2,
         breaker_failures=3,
         breaker_open_s=30.0,
+        cache_salt_secret=SECRET,
     )
     try:
         async with running_gateway(config) as url:
@@ -197,7 +205,7 @@ async def test_replies_breaking_off_after_the_first_chunk_take_the_replica_out(
     assert out.status_code == 503 and CHAT.error(out.json())["type"] == "overloaded_error"
     assert 29 <= int(out.headers["retry-after"]) <= 30  # the breaker's next trial
     assert len(fake.requests) == 3  # the open breaker kept the fourth away
-    state = {"replica": fake.url}
+    state = {"replica": ReplicaLabels(SECRET).label(fake.url)}
     assert counter(metrics, "foldgate_router_breaker_state", state) == 2
     assert counter(metrics, "foldgate_router_breaker_opened_total", state) == 1
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from gateway.cli import main
+from gateway.exposure import ReplicaLabels
 from gateway.serve import redact_url
 from gateway.tenants import hash_key
 from gateway.upstream import UpstreamClient, UpstreamError
@@ -132,3 +133,27 @@ async def test_upstream_first_chunk_and_idle_timeouts(before, gap, outcome):
     finally:
         await client.close()
         await fake.stop()
+
+
+async def test_metrics_show_replicas_by_their_labels_not_their_urls(gateway_with_fake, client):
+    """``/metrics`` answers without a key (a scraper needs none): its replica series carry
+    the label clients are shown elsewhere, stable for a secret, never the internal URL."""
+    keys = {hash_key("key-acme"): "acme"}
+    secret = "labels-secret"
+    async with gateway_with_fake(api_keys=keys, cache_salt_secret=secret) as (url, fake):
+        resp = await client.get(f"{url}/metrics")
+        health = (await client.get(f"{url}/health")).json()
+    assert resp.status_code == 200
+    assert fake.url not in resp.text
+    host = fake.url.removeprefix("http://")
+    assert host not in resp.text and host.split(":")[0] not in resp.text
+    label = ReplicaLabels(secret).label(fake.url)
+    assert health["healthy_replicas"] == [label]
+    assert f'foldgate_router_replica_healthy{{replica="{label}"}} 1.0' in resp.text
+    assert f'foldgate_router_breaker_state{{replica="{label}"}} 0.0' in resp.text
+
+
+async def test_debug_metrics_name_the_replicas(gateway_with_fake, client):
+    async with gateway_with_fake(debug=True) as (url, fake):
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert f'foldgate_router_replica_healthy{{replica="{fake.url}"}} 1.0' in metrics

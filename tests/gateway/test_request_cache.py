@@ -21,6 +21,7 @@ from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
 from gateway.dialects.openai_responses import OPENAI_RESPONSES
 from gateway.dialects.volatile import without_volatile
 from gateway.fold.renderer import estimate_tokens
+from gateway.identity import identify
 from gateway.pipeline import Pipeline
 from gateway.request_cache import (
     BYTES_PER_TOKEN,
@@ -30,12 +31,16 @@ from gateway.request_cache import (
     MessageMemo,
     session_ids,
 )
+from gateway.tenants import hash_key
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
 from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
 from tests.gateway.conftest import ingest
+
+# The tenant every decode here belongs to (the cache keys by tenant).
+TENANT = "t"
 
 FULL = {
     "openai": openai_chat.decode_request,
@@ -62,7 +67,7 @@ def full_decode(name: str, body: dict[str, Any]) -> Any:
 
 
 def cached_decode(cache: DecodeCache, dialect: Any, body: dict[str, Any]) -> Any:
-    decoded = cache.decode(dialect, body)
+    decoded = cache.decode(dialect, body, tenant=TENANT)
     return decoded.transcript, decoded.stored, decoded.tokens
 
 
@@ -154,9 +159,9 @@ HISTORY = [
 
 def test_the_unchanged_prefix_reuses_the_decoded_messages() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), tenant=TENANT).transcript
     grown = chat([*copy.deepcopy(HISTORY), call("c2"), result("c2")])
-    second = cache.decode(OPENAI, grown).transcript
+    second = cache.decode(OPENAI, grown, tenant=TENANT).transcript
     assert all(a is b for a, b in zip(first.messages, second.messages[:4], strict=True))
     assert second.messages[5].tool_call_id == "c2"
 
@@ -173,8 +178,8 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
         return {"model": "m", "max_tokens": 8, "system": [block("sys", 0)], "messages": turns}
 
     cache = DecodeCache()
-    first = cache.decode(ANTHROPIC, body(0))
-    second = cache.decode(ANTHROPIC, body(2))
+    first = cache.decode(ANTHROPIC, body(0), tenant=TENANT)
+    second = cache.decode(ANTHROPIC, body(2), tenant=TENANT)
     assert second.transcript == full_decode("anthropic", body(2))[0]
     assert second.transcript.messages[0] is first.transcript.messages[0]  # the system prompt
     assert second.transcript.messages[1] is first.transcript.messages[1]
@@ -184,10 +189,10 @@ def test_moving_cache_control_keeps_the_decoded_objects() -> None:
 
 def test_an_edited_message_is_decoded_again_from_there() -> None:
     cache = DecodeCache()
-    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY))).transcript
+    first = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), tenant=TENANT).transcript
     edited = copy.deepcopy(HISTORY)
     edited[2]["tool_calls"][0]["function"]["arguments"] = '{"x": 1}'
-    second = cache.decode(OPENAI, chat(edited)).transcript
+    second = cache.decode(OPENAI, chat(edited), tenant=TENANT).transcript
     assert second.messages[1] is first.messages[1]
     assert second.messages[2].tool_calls[0].arguments == '{"x": 1}'
     assert second.messages[3] is not first.messages[3]
@@ -195,41 +200,43 @@ def test_an_edited_message_is_decoded_again_from_there() -> None:
 
 def test_a_result_must_answer_a_call_issued_in_the_reused_prefix() -> None:
     cache = DecodeCache()
-    cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)))
+    cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), tenant=TENANT)
     with pytest.raises(DialectError, match="'c9' does not answer") as err:
-        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY), result("c9")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY), result("c9")]), tenant=TENANT)
     assert err.value.param == "messages[4].tool_call_id"
     # A cut history forgets the calls it no longer holds.
     with pytest.raises(DialectError, match="'c1' does not answer"):
-        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]))
+        cache.decode(OPENAI, chat([*copy.deepcopy(HISTORY[:2]), result("c1")]), tenant=TENANT)
 
 
 def test_the_body_checks_run_on_every_request() -> None:
     cache = DecodeCache()
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    cache.decode(ANTHROPIC, copy.deepcopy(body))
+    cache.decode(ANTHROPIC, copy.deepcopy(body), tenant=TENANT)
     del body["max_tokens"]
     with pytest.raises(DialectError, match="max_tokens"):
-        cache.decode(ANTHROPIC, body)
+        cache.decode(ANTHROPIC, body, tenant=TENANT)
 
 
 def test_sessions_are_kept_apart_and_the_cache_is_bounded_by_bytes() -> None:
-    one = DecodeCache().decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["x"])
+    one = DecodeCache().decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["x"], tenant=TENANT)
     evictions = metrics.CACHE_EVICTIONS.labels(cache="decode")
     before = evictions._value.get()
     # room for one session's text, not two
     cache = DecodeCache(max_bytes=one.tokens * BYTES_PER_TOKEN * TEXT_COPIES * 3 // 2)
-    a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
-    b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"]).transcript
+    a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"], tenant=TENANT).transcript
+    b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"], tenant=TENANT).transcript
     assert b.messages[0] is not a.messages[0]
-    again = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
+    again = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"], tenant=TENANT).transcript
     assert again.messages[0] is not a.messages[0]  # "a" was evicted by "b"
     assert again == a
     assert evictions._value.get() == before + 2  # "a" for "b", "b" for "a" again
     # a session larger than the whole bound is decoded, not kept
     tiny = DecodeCache(max_bytes=8)
-    first = tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript
-    assert tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"]).transcript == first
+    first = tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"], tenant=TENANT).transcript
+    assert (
+        tiny.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"], tenant=TENANT).transcript == first
+    )
 
 
 def test_session_ids_name_what_the_request_says() -> None:
@@ -324,3 +331,36 @@ async def test_the_pipeline_sends_upstream_what_the_full_path_sends(tmp_path: Pa
 def _offline(config: GatewayConfig) -> tuple[Any, ...]:
     """Pool, policy and upstream client that nothing here uses: no request leaves."""
     return ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin"), UpstreamClient()
+
+
+def test_one_tenants_session_is_never_a_hit_for_another() -> None:
+    """A hit is faster than a miss: a cache shared across tenants would tell one tenant
+    whether another sent a body under a session id. A hit reuses the decoded objects."""
+    cache = DecodeCache()
+    body = chat(copy.deepcopy(HISTORY))
+    acme = cache.decode(OPENAI, copy.deepcopy(body), ["s"], tenant="acme").transcript
+    beta = cache.decode(OPENAI, copy.deepcopy(body), ["s"], tenant="beta").transcript
+    assert beta == acme
+    assert not any(b is a for b, a in zip(beta.messages, acme.messages, strict=True))
+    assert len(cache) == 2  # one entry per tenant, neither replaced the other
+    again = cache.decode(OPENAI, copy.deepcopy(body), ["s"], tenant="acme").transcript
+    assert all(g is a for g, a in zip(again.messages, acme.messages, strict=True))
+
+
+async def test_the_pipeline_keys_decoding_by_the_callers_tenant(tmp_path: Path) -> None:
+    keys = {hash_key("key-acme"): "acme", hash_key("key-beta"): "beta"}
+    config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/a.db", api_keys=keys)
+    pipeline = Pipeline(config, open_store(config.store_url), *_offline(config))
+    body = chat(copy.deepcopy(HISTORY))
+    try:
+        decoded = {}
+        for tenant in ("acme", "beta"):
+            headers = {"x-session-id": "s", "x-api-key": f"key-{tenant}"}
+            caller = identify(headers, config, pipeline.tenants)
+            assert caller.tenant == tenant
+            decoded[tenant] = await pipeline.decode(OPENAI, copy.deepcopy(body), headers, tenant)
+        first, second = decoded["acme"].transcript.messages, decoded["beta"].transcript.messages
+        assert not any(b is a for b, a in zip(second, first, strict=True))
+        assert len(pipeline.decoder.cache) == 2
+    finally:
+        await pipeline.store.close()
