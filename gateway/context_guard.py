@@ -179,12 +179,13 @@ class ContextGuard:
 
     def renderer(
         self,
-        key: Hashable,
+        key: tuple[str, Hashable],
         strategy: str | StrategySpec,
         transcript: Transcript,
         fold: str | None = None,
     ) -> Renderer | None:
-        """The renderer for this request of session ``key``, or None (see the class doc)."""
+        """The renderer for this request of session ``key`` (tenant, session id), or None
+        (see the class doc)."""
         window = self.window() if self.enabled else None
         if window is None:
             return None
@@ -201,7 +202,8 @@ class ContextGuard:
             session.threshold = min(
                 session.threshold, threshold(window, session.reply, ratio, tools)
             )
-        return self.renderers.bounded(strategy, fold, session.threshold)
+        tenant, _ = key
+        return self.renderers.bounded(tenant, strategy, fold, session.threshold)
 
     def rendered(self, key: Hashable, tokens: int, compacted: bool) -> None:
         """What was sent for session ``key``: its message estimate, and whether its

@@ -33,7 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import GatewayConfig
 from gateway.dialects import DIALECTS
-from gateway.dialects.errors import openai_error_body
+from gateway.dialects.openai_chat import openai_error_body
 from gateway.http_errors import ErrorRule, error_response, fixed_retry_after
 
 

@@ -147,7 +147,7 @@ class Pipeline:
             headers, body, caller.tenant, request.transcript, self.config
         )
         # An unknown strategy is a 400 before any I/O.
-        self.renderer(caller.strategy, caller.fold, caller.budget)
+        self.renderer(caller.tenant, caller.strategy, caller.fold, caller.budget)
         # The read (which refuses a session over its size cap) before the quota charge, so
         # a request refused there charges nothing either.
         ingested = await lookup(
@@ -238,10 +238,15 @@ class Pipeline:
             await asyncio.gather(*self._accounting, return_exceptions=True)
 
     def renderer(
-        self, strategy: str | StrategySpec, fold: str | None = None, budget: int | None = None
+        self,
+        tenant: str,
+        strategy: str | StrategySpec,
+        fold: str | None = None,
+        budget: int | None = None,
     ) -> Renderer:
-        """The renderer for ``strategy`` (ReFold's ``fold`` mode, a tenant's ``budget``)."""
-        return self.render.renderer(strategy, fold, budget)
+        """The ``tenant``'s renderer for ``strategy`` (ReFold's ``fold`` mode, the tenant's
+        ``budget``)."""
+        return self.render.renderer(tenant, strategy, fold, budget)
 
     def pressure(self) -> float:
         """KV pressure for pricing ReFold's rewrites: the mean ``kv_cache_usage_perc`` of the

@@ -74,7 +74,7 @@ class SessionEndpoints:
             budget = p.tenants.settings(tenant).budget
 
             def renderer_for(strategy: str, fold: str) -> Renderer:
-                return p.renderer(strategy, fold, budget)
+                return p.renderer(tenant, strategy, fold, budget)
 
             return await session_view.request_view(
                 p.store, renderer_for, tenant, known(session_id), number, branch

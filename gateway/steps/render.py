@@ -63,9 +63,13 @@ class Render:
             raise DialectError(str(exc), param=self.config.strategy_header) from exc
 
     def renderer(
-        self, strategy: str | StrategySpec, fold: str | None = None, budget: int | None = None
+        self,
+        tenant: str,
+        strategy: str | StrategySpec,
+        fold: str | None = None,
+        budget: int | None = None,
     ) -> Renderer:
-        """The renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
+        """The ``tenant``'s renderer for ``strategy``; ``fold`` (ReFold's fold mode) defaults to the
         config's and only matters when the strategy contains refold; ``budget`` (a tenant's)
         to the config's. An unknown strategy or fold mode is the client's error (a 400
         naming the header)."""
@@ -73,7 +77,7 @@ class Render:
         fold = fold or self.config.fold
         budget = self.config.budget if budget is None else budget
         try:
-            return self.guard.renderers.get(spec, fold, budget)
+            return self.guard.renderers.get(tenant, spec, fold, budget)
         except ValueError as exc:
             header = self.config.strategy_header
             if "fold mode" in str(exc):
@@ -89,7 +93,9 @@ class Render:
             if prepared.budget is None
             else None
         )
-        renderer = guarded or self.renderer(prepared.strategy, prepared.fold, prepared.budget)
+        renderer = guarded or self.renderer(
+            prepared.tenant, prepared.strategy, prepared.fold, prepared.budget
+        )
         # The branch the history is (or will be) stored on; a new one starts without a cache.
         branch = prepared.branch if prepared.branch is not None else prepared.found.branch
         key = (prepared.tenant, prepared.session, branch, prepared.strategy)

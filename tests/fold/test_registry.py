@@ -7,6 +7,7 @@ import pytest
 import gateway.fold as fold
 from gateway.fold import STRATEGIES, Rendered, Renderer, RenderState, RenderStats, make_renderer
 from gateway.fold.baselines import Base, Clip, Mask
+from gateway.fold.bound import Renderers
 from gateway.fold.cliff import Cliff
 from gateway.fold.compose import Composed
 from gateway.fold.refold import ReFold
@@ -105,3 +106,14 @@ def test_an_option_no_strategy_takes_is_an_error() -> None:
 def test_bad_option_values_are_named() -> None:
     with pytest.raises(ValueError, match="threshold"):
         make_renderer("cliff", budget=-1)
+
+
+def test_built_renderers_are_kept_per_tenant() -> None:
+    # A hit saves building a renderer: shared across tenants it would tell one tenant
+    # which strategies and limits another one uses.
+    renderers = Renderers()
+    mine = renderers.get("acme", "refold+cliff", "auto", 4_000)
+    assert renderers.get("acme", "refold+cliff", "auto", 4_000) is mine
+    theirs = renderers.get("globex", "refold+cliff", "auto", 4_000)
+    assert theirs is not mine
+    assert renderers.bounded("globex", "refold", "auto", 4_000) is theirs

@@ -134,56 +134,63 @@ async def test_the_smallest_window_and_failed_replicas_asked_again() -> None:
 async def test_no_window_or_a_configured_budget_leaves_the_strategy_alone() -> None:
     guard, fetched = guard_over({"http://a": 4_096}, enabled=False)
     await guard.learn("m")
-    assert fetched == [] and guard.renderer("s", "refold", request()) is None
+    assert fetched == [] and guard.renderer(("acme", "s"), "refold", request()) is None
     guard, _ = guard_over({"http://a": 4_096})
-    assert guard.renderer("s", "refold", request()) is None  # not learnt yet
+    assert guard.renderer(("acme", "s"), "refold", request()) is None  # not learnt yet
 
 
 async def test_threshold_follows_calibration_until_the_session_compacts() -> None:
     guard, _ = guard_over({"http://a": WINDOW})
     await guard.learn("m")
-    first = guard.renderer("s", "refold", request(1_000))
+    first = guard.renderer(("acme", "s"), "refold", request(1_000))
     assert first is not None and first.name == "refold+cliff"
     assert cliff_of(first).threshold == threshold(WINDOW, 1_000, PRIOR_RATIO, 0)
     # The replica counted 1.2 tokens per estimated token: the threshold rises.
-    guard.rendered("s", 2_000, compacted=False)
-    guard.observe("s", {"prompt_tokens": 2_400})
-    second = cliff_of(guard.renderer("s", "refold", request(1_000)))
+    guard.rendered(("acme", "s"), 2_000, compacted=False)
+    guard.observe(("acme", "s"), {"prompt_tokens": 2_400})
+    second = cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000)))
     assert second.threshold == threshold(WINDOW, 1_000, rounded_ratio(1.2), 0)
     # A reading a little lower does not move it (each move replays the session's points).
-    guard.observe("s", {"prompt_tokens": 2_350})
-    assert cliff_of(guard.renderer("s", "refold", request(1_000))) is second
+    guard.observe(("acme", "s"), {"prompt_tokens": 2_350})
+    assert cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000))) is second
     # A new session starts from the largest recent ratio, not the prior.
-    other = cliff_of(guard.renderer("t", "base", request(1_000)))
+    other = cliff_of(guard.renderer(("acme", "t"), "base", request(1_000)))
     assert other.threshold == second.threshold
 
     # Once compacted, a larger reply does not move it (vLLM clamps the reply)...
-    guard.rendered("s", 5_000, compacted=True)
-    guard.observe("s", {"prompt_tokens": 6_000})
-    same = guard.renderer("s", "refold", request(2_000))
+    guard.rendered(("acme", "s"), 5_000, compacted=True)
+    guard.observe(("acme", "s"), {"prompt_tokens": 6_000})
+    same = guard.renderer(("acme", "s"), "refold", request(2_000))
     assert cliff_of(same).threshold == second.threshold
-    assert same is guard.renderer("s", "refold", request(1_000))  # the same renderer, cache
+    assert same is guard.renderer(
+        ("acme", "s"), "refold", request(1_000)
+    )  # the same renderer, cache
     # ... a lower ratio does not raise it, a higher one lowers it, and tools count.
-    guard.observe("s", {"prompt_tokens": 5_000})
-    assert cliff_of(guard.renderer("s", "refold", request(1_000))).threshold == second.threshold
-    guard.observe("s", {"prompt_tokens": 7_000})
-    lowered = cliff_of(guard.renderer("s", "refold", request(1_000))).threshold
+    guard.observe(("acme", "s"), {"prompt_tokens": 5_000})
+    assert (
+        cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000))).threshold
+        == second.threshold
+    )
+    guard.observe(("acme", "s"), {"prompt_tokens": 7_000})
+    lowered = cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000))).threshold
     assert lowered == threshold(WINDOW, 1_000, rounded_ratio(1.4), 0)
-    with_tools = cliff_of(guard.renderer("s", "refold", request(1_000, TOOLS))).threshold
+    with_tools = cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000, TOOLS))).threshold
     assert with_tools == lowered - tools_estimate(request(tools=TOOLS))
 
 
 async def test_usage_without_a_guarded_render_calibrates_nothing() -> None:
     guard, _ = guard_over({"http://a": WINDOW})
     await guard.learn("m")
-    guard.rendered("s", 100, compacted=False)
-    guard.observe("s", {"prompt_tokens": 900})
-    fresh = cliff_of(guard.renderer("s", "base", request(1_000)))
+    guard.rendered(("acme", "s"), 100, compacted=False)
+    guard.observe(("acme", "s"), {"prompt_tokens": 900})
+    fresh = cliff_of(guard.renderer(("acme", "s"), "base", request(1_000)))
     assert fresh.threshold == threshold(WINDOW, 1_000, PRIOR_RATIO, 0)
-    guard.rendered("s", 100, compacted=False)
-    guard.observe("s", {"prompt_tokens": "many"})
-    guard.observe("s", {})
-    assert cliff_of(guard.renderer("s", "base", request(1_000))).threshold == fresh.threshold
+    guard.rendered(("acme", "s"), 100, compacted=False)
+    guard.observe(("acme", "s"), {"prompt_tokens": "many"})
+    guard.observe(("acme", "s"), {})
+    assert (
+        cliff_of(guard.renderer(("acme", "s"), "base", request(1_000))).threshold == fresh.threshold
+    )
 
 
 # -- a session past the window, through the gateway ---------------------------------------
