@@ -15,8 +15,9 @@ import pytest
 
 from gateway.dialects.errors import DialectError
 from gateway.identity import MAX_SESSION_ID_CHARS, header_text, session_id
+from gateway.tenants import REFUSED_FIELDS, TEMPLATE_ARGUMENTS, Tenants
 from tests.gateway.conftest import store_at
-from tests.gateway.test_tenancy import chat
+from tests.gateway.test_tenancy import ACME, BETA, chat, tenant_config
 
 MAX_NUMBER = 2**63 - 1
 
@@ -215,3 +216,114 @@ async def test_utf8_header_ids_round_trip_with_body_and_path_ids(
     assert sorted(s for s in listed if not s.startswith("auto-")) == sorted(
         ["sesión-ü", "セッション", "café"]
     )
+
+
+# --- vLLM's request fields ---------------------------------------------------------------
+
+ROUTES = {
+    "/v1/chat/completions": chat("hi"),
+    "/v1/messages": {**chat("hi"), "max_tokens": 8},
+    "/v1/responses": {"model": "m", "input": "hi"},
+}
+# A value of each refused field that asks for something leaving it out does not.
+ASKING = {
+    "chat_template": "{{ messages[0].content }}",
+    "documents": [{"title": "t", "text": "d"}],
+    "add_special_tokens": True,
+    "mm_processor_kwargs": {"max_pixels": 10**9},
+    "media_io_kwargs": {"image": {"x": 1}},
+    "vllm_xargs": {"session_id": "another-tenants"},
+    "request_id": "chosen-by-client",
+    "add_generation_prompt": False,
+    "continue_final_message": True,
+    "echo": True,
+    "truncate_prompt_tokens": 10,
+    "truncation_side": "left",
+    "prompt_logprobs": 1,
+    "return_token_ids": True,
+    "return_prompt_text": True,
+}
+
+
+def test_every_refused_field_is_exercised():
+    assert ASKING.keys() == REFUSED_FIELDS.keys()
+
+
+def refusal_of(route: str, resp: httpx.Response) -> tuple[str, str | None]:
+    assert resp.status_code == 400, resp.text
+    if route == "/v1/messages":
+        assert resp.json()["type"] == "error"
+        return resp.json()["error"]["message"], None
+    error = resp.json()["error"]
+    return error["message"], error["param"]
+
+
+async def test_vllm_fields_that_change_the_rendering_are_refused_naming_them(
+    gateway_with_fake, client, store_url
+):
+    async with gateway_with_fake(**tenant_config()) as (url, fake):
+        writes = sqlite_writes(store_url)
+        before = writes()
+        for route, base in ROUTES.items():
+            for name, value in ASKING.items():
+                resp = await client.post(f"{url}{route}", json={**base, name: value}, headers=ACME)
+                message, param = refusal_of(route, resp)
+                assert f"{name} is not accepted: " in message, message
+                assert param in (name, None)
+            for key in sorted(TEMPLATE_ARGUMENTS):
+                body = {**base, "chat_template_kwargs": {"enable_thinking": False, key: "x"}}
+                message, param = refusal_of(
+                    route, await client.post(f"{url}{route}", json=body, headers=ACME)
+                )
+                assert repr(key) in message and param in (f"chat_template_kwargs.{key}", None)
+        # ...from the params header too.
+        resp = await client.post(
+            f"{url}/v1/chat/completions",
+            json=chat("hi"),
+            headers={**ACME, "x-foldgate-params": '{"chat_template": "{{ 1 }}"}'},
+        )
+        assert refusal_of("/v1/chat/completions", resp)[1] == "chat_template"
+        assert fake.requests == [] and writes() == before
+
+
+async def test_neutral_values_pass_and_the_tenants_allowance_lets_fields_through(
+    gateway_with_fake, client
+):
+    tenants = {"beta": {"upstream_fields": ["chat_template", "ec_transfer_params"]}}
+    neutral = {
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+        "echo": False,
+        "add_special_tokens": False,
+        "return_token_ids": False,
+        "request_id": None,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "top_k": 5,
+    }
+    own = {"session_id": "another-tenants-session", "ec_transfer_params": {"x": 1}}
+    async with gateway_with_fake(**tenant_config(tenants=tenants)) as (url, fake):
+        for headers in (ACME, BETA):
+            body = chat("hi", **neutral, **own)
+            resp = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+            assert resp.status_code == 200, resp.text
+        resp = await client.post(
+            f"{url}/v1/chat/completions", json=chat("hi", chat_template="{{ 1 }}"), headers=BETA
+        )
+        assert resp.status_code == 200, resp.text
+        resp = await client.post(
+            f"{url}/v1/chat/completions", json=chat("hi", chat_template="{{ 1 }}"), headers=ACME
+        )
+        assert refusal_of("/v1/chat/completions", resp)[1] == "chat_template"
+        acme, beta, beta_template = fake.requests
+    for sent in (acme, beta):
+        assert {k: sent.get(k) for k in neutral} == neutral
+        assert "session_id" not in sent
+    assert "ec_transfer_params" not in acme and beta["ec_transfer_params"] == {"x": 1}
+    assert beta_template["chat_template"] == "{{ 1 }}"
+
+
+def test_upstream_fields_allow_only_what_a_tenant_may_be_trusted_with():
+    Tenants({"acme": {"upstream_fields": ["chat_template", "priority", "vllm_xargs"]}}, None)
+    for name in ("request_id", "echo", "continue_final_message", "cache_salt", "session_id"):
+        with pytest.raises(ValueError, match="upstream_fields"):
+            Tenants({"acme": {"upstream_fields": [name]}}, None)
