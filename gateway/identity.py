@@ -25,22 +25,26 @@ from gateway.tenants import Tenants, hash_key
 from gateway.transcript import Transcript
 
 MAX_SESSION_ID_CHARS = 256
+# Longer than any harness's id by far; past it an id is refused, so the check and the
+# digest cost a client at most this much, not as much as its body can hold.
+MAX_SESSION_ID_INPUT = 4096
 # An id over the limit keeps this much of itself, readable in listings, before the digest.
 _LONG_ID_KEPT = 200
-# Not printable by ``str.isprintable`` but part of ordinary text: the zero-width
-# (non-)joiners that emoji sequences and Persian and Indic scripts are written with.
-_JOINERS = frozenset("\u200c\u200d")
-# What a character ``str.isprintable`` refuses is, by its Unicode category.
+# The Unicode categories an id may not hold, by what they are: nothing shows them (or
+# shows them as a space that is not one), they break lines, or they reorder the text around
+# them (bidi controls), so an id could look like another one. Unassigned code points pass:
+# they may be a newer Unicode's emoji.
 _UNPRINTABLE = {
     "Cc": "a control character",
     "Cf": "an invisible formatting character",
     "Cs": "a lone surrogate",
-    "Co": "a private-use character",
-    "Cn": "an unassigned code point",
     "Zl": "a line separator",
     "Zp": "a paragraph separator",
     "Zs": "a space other than U+0020",
 }
+# Allowed all the same: the space, and the zero-width (non-)joiners that emoji sequences
+# and Persian and Indic scripts are written with.
+_ORDINARY = frozenset(" \u200c\u200d")
 
 
 class UnknownApiKey(Exception):
@@ -152,25 +156,30 @@ def session_id(value: Any, source: str) -> str:
     """A client's session id as the gateway keys it ("" for a blank one, which names none).
 
     The one check of a session id, wherever it comes from (a header, the body, the sessions
-    API's path): printable text (``str.isprintable``: letters, marks, numbers, punctuation,
-    symbols and the space; and the zero-width joiners of ordinary text); an id holding
-    anything else is refused (400 naming ``source`` and the character). Surrounding
-    whitespace is dropped. An id over ``MAX_SESSION_ID_CHARS`` keeps its start and gains a
-    digest of the whole id, so two long ids that share a prefix stay two sessions and one
-    long id always names the same one.
+    API's path): at most ``MAX_SESSION_ID_INPUT`` characters of printable text, i.e. none
+    of the ``_UNPRINTABLE`` categories (controls, invisible formatting, line breaks, odd
+    spaces) but the zero-width joiners of ordinary text; any other id is refused (400
+    naming ``source`` and what is wrong). Surrounding whitespace is dropped. An id over
+    ``MAX_SESSION_ID_CHARS`` keeps its start and gains a digest of the whole id, so two
+    long ids that share a prefix stay two sessions and one long id always names the same
+    one.
     """
     if not isinstance(value, str):
         raise DialectError("a session id must be a string", param=source)
     value = value.strip()
-    if not value.isprintable():
-        unprintable = (c for c in value if not c.isprintable() and c not in _JOINERS)
-        char = next(unprintable, None)
-        if char is not None:
-            kind = _UNPRINTABLE.get(unicodedata.category(char), "not printable")
-            raise DialectError(
-                f"a session id must be printable text; it holds U+{ord(char):04X}, {kind}",
-                param=source,
-            )
+    if len(value) > MAX_SESSION_ID_INPUT:
+        raise DialectError(
+            f"a session id is at most {MAX_SESSION_ID_INPUT} characters; this one has {len(value)}",
+            param=source,
+        )
+    if not value.isprintable():  # the common case checked at C speed
+        for char in value:
+            kind = _UNPRINTABLE.get(unicodedata.category(char))
+            if kind is not None and char not in _ORDINARY:
+                raise DialectError(
+                    f"a session id must be printable text; it holds U+{ord(char):04X}, {kind}",
+                    param=source,
+                )
     if len(value) > MAX_SESSION_ID_CHARS:
         digest = hashlib.sha256(value.encode()).hexdigest()[:32]
         value = f"{value[:_LONG_ID_KEPT]}~{digest}"
