@@ -11,7 +11,7 @@ system prompt and first user message.
 from __future__ import annotations
 
 import hashlib
-import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +25,26 @@ from gateway.tenants import Tenants, hash_key
 from gateway.transcript import Transcript
 
 MAX_SESSION_ID_CHARS = 256
+# Longer than any harness's id by far; past it an id is refused, so the check and the
+# digest cost a client at most this much, not as much as its body can hold.
+MAX_SESSION_ID_INPUT = 4096
 # An id over the limit keeps this much of itself, readable in listings, before the digest.
 _LONG_ID_KEPT = 200
-# C0 controls, DEL and C1 controls: nothing a client means in an id, and CR/LF/NUL would
-# corrupt the response header the id is echoed in (or the store key).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The Unicode categories an id may not hold, by what they are: nothing shows them (or
+# shows them as a space that is not one), they break lines, or they reorder the text around
+# them (bidi controls), so an id could look like another one. Unassigned code points pass:
+# they may be a newer Unicode's emoji.
+_UNPRINTABLE = {
+    "Cc": "a control character",
+    "Cf": "an invisible formatting character",
+    "Cs": "a lone surrogate",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Zs": "a space other than U+0020",
+}
+# Allowed all the same: the space, and the zero-width (non-)joiners that emoji sequences
+# and Persian and Indic scripts are written with.
+_ORDINARY = frozenset(" \u200c\u200d")
 
 
 class UnknownApiKey(Exception):
@@ -87,6 +102,19 @@ def identify(
     )
 
 
+def header_text(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value as the client wrote it. ASGI hands header bytes over decoded as
+    latin-1; clients write non-ASCII text as UTF-8, so bytes that are valid UTF-8 are read
+    as UTF-8, and any others stay latin-1."""
+    value = headers.get(name)
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):  # text already, or not UTF-8
+        return value
+
+
 def requested_strategy(
     headers: Mapping[str, str],
     config: GatewayConfig,
@@ -111,7 +139,7 @@ def resolve_session(
     """
     metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
     candidates = (
-        (config.session_header, headers.get(config.session_header)),
+        (config.session_header, header_text(headers, config.session_header)),
         ("prompt_cache_key", body.get("prompt_cache_key")),
         ("metadata.session_id", metadata.get("session_id")),
         ("metadata.user_id", metadata.get("user_id")),
@@ -127,15 +155,31 @@ def resolve_session(
 def session_id(value: Any, source: str) -> str:
     """A client's session id as the gateway keys it ("" for a blank one, which names none).
 
-    Control characters are refused (400 naming ``source``). An id over
+    The one check of a session id, wherever it comes from (a header, the body, the sessions
+    API's path): at most ``MAX_SESSION_ID_INPUT`` characters of printable text, i.e. none
+    of the ``_UNPRINTABLE`` categories (controls, invisible formatting, line breaks, odd
+    spaces) but the zero-width joiners of ordinary text; any other id is refused (400
+    naming ``source`` and what is wrong). Surrounding whitespace is dropped. An id over
     ``MAX_SESSION_ID_CHARS`` keeps its start and gains a digest of the whole id, so two
-    long ids that share a prefix stay two sessions.
+    long ids that share a prefix stay two sessions and one long id always names the same
+    one.
     """
     if not isinstance(value, str):
         raise DialectError("a session id must be a string", param=source)
     value = value.strip()
-    if _CONTROL.search(value):
-        raise DialectError("a session id must not contain control characters", param=source)
+    if len(value) > MAX_SESSION_ID_INPUT:
+        raise DialectError(
+            f"a session id is at most {MAX_SESSION_ID_INPUT} characters; this one has {len(value)}",
+            param=source,
+        )
+    if not value.isprintable():  # the common case checked at C speed
+        for char in value:
+            kind = _UNPRINTABLE.get(unicodedata.category(char))
+            if kind is not None and char not in _ORDINARY:
+                raise DialectError(
+                    f"a session id must be printable text; it holds U+{ord(char):04X}, {kind}",
+                    param=source,
+                )
     if len(value) > MAX_SESSION_ID_CHARS:
         digest = hashlib.sha256(value.encode()).hexdigest()[:32]
         value = f"{value[:_LONG_ID_KEPT]}~{digest}"

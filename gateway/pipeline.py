@@ -135,7 +135,10 @@ class Pipeline:
     async def decode(
         self, dialect: Dialect, body: Any, headers: Mapping[str, str], tenant: str
     ) -> Decoded:
-        """The decode step (``gateway.steps.decode``)."""
+        """The decode step (``gateway.steps.decode``), after refusing the vLLM fields the
+        tenant may not send (``Tenants.check_request_fields``)."""
+        if isinstance(body, dict):  # the dialect refuses any other
+            self.tenants.check_request_fields(tenant, body)
         return await self.decoder.decode(dialect, body, headers, tenant)
 
     async def ingest(

@@ -2,7 +2,15 @@
 
 A caller sees only its own tenant's sessions (the tenant comes from its API key, as for
 every other request); someone else's session is as unknown as one that never existed: 404.
-Errors take OpenAI's shape.
+Errors take OpenAI's shape: a malformed parameter is a 400 naming it, a well-formed one
+that names nothing (no such session, branch or request) a 404.
+
+A session id is the rest of the path, percent-decoded once (``/v1/sessions/a/b`` and
+``/v1/sessions/a%2Fb`` both name ``a/b``; UTF-8 in percent escapes), and passes the same
+check and normalisation as the id a request names its session with
+(``identity.session_id``), so every id a request can use addresses its session here. The
+render route's suffix is a literal ``/render``; a percent-encoded one belongs to the id
+(``/v1/sessions/x%2Frender`` is the session ``x/render``).
 
 No ``from __future__ import annotations`` here: Ray Serve's ingress resolves these route
 signatures at run time.
@@ -15,6 +23,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.convertors import Convertor, register_url_convertor
 
 from gateway import session_view
 from gateway.config import GatewayConfig
@@ -22,11 +31,30 @@ from gateway.dialects.errors import DialectError
 from gateway.dialects.openai_chat import openai_error_body
 from gateway.fold.renderer import Renderer
 from gateway.http_errors import ERRORS, ErrorRule, error_response
-from gateway.identity import resolve_tenant
+from gateway.identity import resolve_tenant, session_id
 from gateway.pipeline import Pipeline
 from store import NotFound, StoreUnavailable
 
 UI_FILES = {"": ("index.html", "text/html"), "inspector.js": ("inspector.js", "text/javascript")}
+RENDER_SUFFIX = b"/render"
+# The largest request or branch number: what the store's integer columns hold.
+MAX_NUMBER = 2**63 - 1
+
+
+class SessionPath(Convertor[str]):
+    """The rest of the path, line breaks and all (the ``path`` convertor's ``.*`` stops at
+    one): every id reaches the handler, to be checked there like any other."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("session", SessionPath())
 
 SESSION_ERRORS = {
     **ERRORS,
@@ -49,11 +77,11 @@ class SessionEndpoints:
 
     def routes(self) -> list[tuple[str, Callable[..., Awaitable[Response]]]]:
         """(path, handler) of each GET route; the render route before the detail route,
-        since a session id may contain slashes (``:path``)."""
+        since a session id may contain slashes."""
         routes = [
             ("/v1/sessions", self.list_sessions),
-            ("/v1/sessions/{session_id:path}/render", self.render),
-            ("/v1/sessions/{session_id:path}", self.show),
+            ("/v1/sessions/{session_id:session}/render", self.render),
+            ("/v1/sessions/{session_id:session}", self.show),
         ]
         if self.config.ui:
             routes += [("/ui", self.ui), ("/ui/{name}", self.ui)]
@@ -67,6 +95,11 @@ class SessionEndpoints:
         return await self.answer(request, build)
 
     async def render(self, session_id: str, request: Request) -> Response:
+        # The path as sent (ASGI's ``raw_path``), where an encoded slash is still ``%2F``.
+        sent = request.scope.get("raw_path", RENDER_SUFFIX).partition(b"?")[0]
+        if not sent.endswith(RENDER_SUFFIX):
+            return await self.show(session_id + "/render", request)  # the id's own suffix
+
         async def build(tenant: str) -> dict[str, Any]:
             number = int_param(request, "request", required=True)
             branch = int_param(request, "branch", required=False)
@@ -77,7 +110,7 @@ class SessionEndpoints:
                 return p.renderer(tenant, strategy, fold, budget)
 
             return await session_view.request_view(
-                p.store, renderer_for, tenant, known(session_id), number, branch
+                p.store, renderer_for, tenant, addressed(session_id), number, branch
             )
 
         return await self.answer(request, build)
@@ -86,7 +119,7 @@ class SessionEndpoints:
         async def build(tenant: str) -> dict[str, Any]:
             branch = int_param(request, "branch", required=False)
             store = self.pipeline().store
-            return await session_view.detail(store, tenant, known(session_id), branch)
+            return await session_view.detail(store, tenant, addressed(session_id), branch)
 
         return await self.answer(request, build)
 
@@ -109,21 +142,30 @@ class SessionEndpoints:
             )
 
 
-def known(session_id: str) -> str:
-    """A session id the store could hold; anything else names no session."""
-    if not session_id or len(session_id) > 512 or "\x00" in session_id:
-        raise NotFound(f"no session {session_id[:80]!r}")
-    return session_id
+def addressed(path_id: str) -> str:
+    """The session id a path names, keyed as requests key it (``identity.session_id``: the
+    same check, the same key for a long id); a blank one names no session."""
+    session = session_id(path_id, "session_id")
+    if not session:
+        raise NotFound("no session ''")
+    return session
 
 
 def int_param(request: Request, name: str, *, required: bool) -> int | None:
-    """A non-negative integer query parameter (``request`` numbers start at 1)."""
+    """A query parameter that numbers something: ASCII digits, from 1 for ``request``
+    numbers (0 for branches) up to ``MAX_NUMBER``; anything else is a 400 naming it."""
     raw = request.query_params.get(name)
     if raw is None:
         if required:
             raise DialectError(f"the query parameter {name}=N is required", param=name)
         return None
     lowest = 1 if name == "request" else 0
-    if not raw.isdigit() or int(raw) < lowest:
-        raise DialectError(f"{name} must be an integer >= {lowest}, got {raw!r}", param=name)
+    # ``str.isdigit`` takes other scripts' digits and superscripts, which ``int`` parses or
+    # refuses, and ``int`` refuses over 4,300 digits: ASCII digits only, and few of them.
+    digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_NUMBER))
+    if not digits or not lowest <= int(raw) <= MAX_NUMBER:
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+        raise DialectError(
+            f"{name} must be an integer from {lowest} to {MAX_NUMBER}, got {shown!r}", param=name
+        )
     return int(raw)

@@ -9,6 +9,26 @@ Every upstream request carries vLLM's ``cache_salt`` for its tenant, so a replic
 cache is shared only within a tenant: otherwise one tenant could time another's cached
 prefixes. The salt is an HMAC of the length-prefixed tenant id under a server secret, so
 no client can guess or pick another tenant's salt, and two tenant ids never share one.
+
+vLLM's request fields beyond OpenAI's, as a client may send them (``check_request_fields``,
+before anything is stored; ``scope_upstream_body`` as the upstream body is built):
+
+- sampling and output fields (``top_k``, ``min_tokens``, ``ignore_eos``, ``logprobs``,
+  ``structured_outputs``, ``chat_template_kwargs``...) pass: they shape the answer the
+  client asked for and nothing the gateway relies on; ``chat_template_kwargs`` without
+  the keys that are the template renderer's own arguments or the tokenizer's special
+  tokens (``TEMPLATE_ARGUMENTS``), which would replace what the gateway rendered;
+- the gateway's own (``cache_salt``: the tenant's salt instead; ``session_id``: vLLM tags
+  its KV events and encoder-cache keys with it, shared by every tenant of a replica) and
+  the guarded ones (``GUARDED_FIELDS``: scheduling and KV transfer, nothing in the reply)
+  are dropped, the guarded ones only where the tenant's ``upstream_fields`` do not list
+  them: leaving them out changes no reply;
+- fields that change what the replica renders from the gateway's context or how the
+  reply relates to it are refused with a 400 naming them (``REFUSED_FIELDS``, each with
+  why), since dropping them would answer another request than the one asked: some the
+  tenant's ``upstream_fields`` may allow, the others break the gateway's own rendering,
+  restores or stored history whoever sends them. A value that means what leaving the
+  field out means (``add_generation_prompt: true``, as SDK model dumps send it) passes.
 """
 
 from __future__ import annotations
@@ -22,16 +42,78 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from gateway.dialects.errors import DialectError
 from gateway.fold import STRATEGIES, StrategySpec, parse_spec
 from router import POLICY_NAMES
 
 KEY_HASH_PREFIX = "sha256:"
 _KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 _SALT_CONTEXT = b"foldgate cache_salt v1\x00"
-# vLLM request fields that schedule or move KV blocks: a tenant sends them only when its
-# settings allow (``upstream_fields``). ``cache_salt`` is always the gateway's own.
-GUARDED_FIELDS = frozenset({"priority", "kv_transfer_params"})
+# vLLM request fields that schedule requests or move KV and encoder-cache blocks: a
+# tenant sends them only when its settings allow (``upstream_fields``); else dropped.
+GUARDED_FIELDS = frozenset({"priority", "kv_transfer_params", "ec_transfer_params"})
 CACHE_SALT = "cache_salt"
+# The gateway's own, always dropped from a client's body (``cache_salt`` set after).
+GATEWAY_FIELDS = frozenset({CACHE_SALT, "session_id"})
+_ABSENT = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a vLLM field is refused; ``allowable``: a tenant's ``upstream_fields`` may let
+    it through; ``neutral``: the value that means what leaving it out means."""
+
+    why: str
+    allowable: bool = False
+    neutral: Any = _ABSENT
+
+    def changes(self, value: Any) -> bool:
+        """Whether ``value`` asks for something leaving the field out does not (null is
+        absent; ``1`` is not ``true``)."""
+        same = type(value) is type(self.neutral) and value == self.neutral
+        return value is not None and not same
+
+
+_UNSEEN = "the gateway's token budget, folding and stored history would not see it"
+_TAIL = "the gateway's restores add turns after the client's last message"
+_RENDERED = "it would describe the prompt the gateway rendered, not the one the client sent"
+REFUSED_FIELDS = {
+    "chat_template": Refused("it replaces the template the replica renders with", True),
+    "documents": Refused(f"the template renders them into the prompt; {_UNSEEN}", True),
+    "add_special_tokens": Refused(f"it adds tokens to the prompt; {_UNSEEN}", True, False),
+    "mm_processor_kwargs": Refused("it sets how the replica processes media", True),
+    "media_io_kwargs": Refused("it sets how the replica loads media", True),
+    "vllm_xargs": Refused("vLLM extensions' arguments mean nothing the gateway knows", True),
+    "request_id": Refused(
+        "the gateway names its upstream requests: one request can be several "
+        "(failover, restores, a context too long)"
+    ),
+    "add_generation_prompt": Refused(f"{_TAIL}, to be answered", neutral=True),
+    "continue_final_message": Refused(f"{_TAIL}: there is no final message", neutral=False),
+    "echo": Refused(
+        "the reply would start with the prompt's last message, stored as the assistant's",
+        neutral=False,
+    ),
+    "truncate_prompt_tokens": Refused(
+        "the replica would cut the rendered context; what is kept is the strategy's choice"
+    ),
+    "truncation_side": Refused("the replica would cut the rendered context"),
+    "prompt_logprobs": Refused(_RENDERED),
+    "return_token_ids": Refused(_RENDERED, neutral=False),
+    "return_prompt_text": Refused(_RENDERED, neutral=False),
+}
+ALLOWABLE_FIELDS = GUARDED_FIELDS | {n for n, r in REFUSED_FIELDS.items() if r.allowable}
+# ``chat_template_kwargs`` keys that are the template renderer's own arguments or the
+# tokenizer's special tokens: set by a client, they replace what the gateway rendered.
+TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template", "tokenize",
+        "add_generation_prompt", "continue_final_message", "return_dict",
+        "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token",
+        "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+        "additional_special_tokens",
+    }
+)  # fmt: skip
 ANY_TENANT = "*"
 
 log = logging.getLogger("foldgate")
@@ -70,7 +152,7 @@ class TenantSettings:
     policy: str | None = None
     """Routing policy of the tenant's sessions (``sticky``, ``round_robin``, ...)."""
     upstream_fields: frozenset[str] = frozenset()
-    """Guarded vLLM fields (``priority``, ``kv_transfer_params``) this tenant may send."""
+    """vLLM fields this tenant may send that others may not (``ALLOWABLE_FIELDS``)."""
     requests_per_minute: int | None = None
     raw_tokens_per_minute: int | None = None
     """Prompt tokens as the harness sent them (the gateway's estimate), per minute."""
@@ -110,9 +192,9 @@ class TenantSettings:
             ):
                 raise ValueError(f"tenants.{tenant}.{name} must be a positive integer")
         allowed = values.get("upstream_fields", ())
-        if isinstance(allowed, str) or not set(allowed) <= GUARDED_FIELDS:
+        if isinstance(allowed, str) or not set(allowed) <= ALLOWABLE_FIELDS:
             raise ValueError(
-                f"tenants.{tenant}.upstream_fields: a list of {', '.join(sorted(GUARDED_FIELDS))}"
+                f"tenants.{tenant}.upstream_fields: a list of {', '.join(sorted(ALLOWABLE_FIELDS))}"
             )
         values["upstream_fields"] = frozenset(allowed)
         return cls(**values)
@@ -164,13 +246,34 @@ class Tenants:
             self._salts[tenant] = salt
         return salt
 
-    def scope_upstream_body(self, tenant: str, body: MutableMapping[str, Any]) -> None:
-        """Set the tenant's cache salt (replacing any the client sent) and drop the guarded
-        fields the tenant may not send; vLLM's sampling extensions pass as they came."""
+    def check_request_fields(self, tenant: str, body: Mapping[str, Any]) -> None:
+        """Refuse (400 naming it) a vLLM field in a client's body that ``REFUSED_FIELDS``
+        lists and the tenant's ``upstream_fields`` do not allow, unless its value means
+        what leaving it out means (null: absent), and template arguments in
+        ``chat_template_kwargs``."""
         allowed = self.settings(tenant).upstream_fields
-        for name in GUARDED_FIELDS - allowed:
+        for name in sorted(REFUSED_FIELDS.keys() & body.keys() - allowed):
+            if REFUSED_FIELDS[name].changes(body[name]):
+                raise DialectError(
+                    f"{name} is not accepted: {REFUSED_FIELDS[name].why}", param=name
+                )
+        kwargs = body.get("chat_template_kwargs")
+        arguments = (
+            sorted(TEMPLATE_ARGUMENTS.intersection(kwargs)) if isinstance(kwargs, Mapping) else []
+        )
+        if arguments:
+            raise DialectError(
+                f"{arguments[0]!r} is an argument of the template renderer, set by the gateway",
+                param=f"chat_template_kwargs.{arguments[0]}",
+            )
+
+    def scope_upstream_body(self, tenant: str, body: MutableMapping[str, Any]) -> None:
+        """Set the tenant's cache salt (replacing any the client sent), drop the gateway's
+        own fields and the guarded ones the tenant may not send; vLLM's sampling
+        extensions pass as they came (the refused ones never got this far)."""
+        allowed = self.settings(tenant).upstream_fields
+        for name in GATEWAY_FIELDS | (GUARDED_FIELDS - allowed):
             body.pop(name, None)
-        body.pop(CACHE_SALT, None)
         salt = self.cache_salt(tenant)
         if salt is not None:
             body[CACHE_SALT] = salt

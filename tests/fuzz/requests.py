@@ -1,9 +1,9 @@
 """Hostile requests for each dialect, made cheaply: a pool of valid bodies drawn once from
 the dialect strategies (``tests/dialects/strategies.py``), then, per request, one seeded
 mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
-(body or header), deep nesting at any node, random nodes replaced or dropped, broken JSON
-text, odd headers. About a tenth go out unmutated (and still pass the checks as valid
-requests do). Deterministic for a seed."""
+(body or header, UTF-8 among them), vLLM's own request fields, deep nesting at any node,
+random nodes replaced or dropped, broken JSON text, odd headers. About a tenth go out
+unmutated (and still pass the checks as valid requests do). Deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -94,10 +94,30 @@ DIALECTS = {
 ODD_IDS = [
     "a\x00b", "a\r\nx-evil: 1", "line\nbreak", "del\x7f", "c1\x85", "tab\tid", "  ",
     "", "café", "セッション", "emoji-🙂", "x" * 300, "y" * 5000, "%00", "../../etc",
-    "quote\"'", "a" * 256, "a" * 257,
+    "quote\"'", "a" * 256, "a" * 257, "job/render", "render", "a\u202eb", "nb\u00a0sp",
+    "zw\u200bsp", "emoji-👩\u200d💻", "a\u2028b", "\ufeffbom", "pua\ue000", "٣",
 ]  # fmt: skip
-# Header values a real HTTP server lets through (no CR, LF or NUL): latin-1 and odd ASCII.
-ODD_HEADER_IDS = [b"caf\xe9", b"\xff\xfe", b"del\x7f", b"tab\tid", b"x" * 400, b"%", b" "]
+# Header values a real HTTP server lets through (no CR, LF or NUL): latin-1, UTF-8 (of
+# good and bad ids) and odd ASCII.
+ODD_HEADER_IDS = [
+    b"caf\xe9", b"\xff\xfe", b"del\x7f", b"tab\tid", b"x" * 400, b"%", b" ", b"job/render",
+    *(text.encode() for text in ("sesión-ü", "セッション", "a\u202eb", "c1\u0085x", "\u3000")),
+]  # fmt: skip
+# vLLM's own request fields, with values that change the rendering, that mean what
+# leaving them out means, and that the gateway drops (``gateway.tenants``).
+VLLM_FIELDS: list[tuple[str, Any]] = [
+    ("chat_template", "{{ messages }}"), ("request_id", "r-1"), ("request_id", None),
+    ("add_generation_prompt", False), ("add_generation_prompt", True),
+    ("continue_final_message", True), ("continue_final_message", 0), ("echo", True),
+    ("echo", False), ("documents", [{"text": "d"}]), ("add_special_tokens", True),
+    ("truncate_prompt_tokens", 5), ("prompt_logprobs", 1), ("return_prompt_text", True),
+    ("return_token_ids", False), ("vllm_xargs", {"a": 1}), ("mm_processor_kwargs", {}),
+    ("chat_template_kwargs", {"enable_thinking": False}),
+    ("chat_template_kwargs", {"messages": []}), ("chat_template_kwargs", {"eos_token": "x"}),
+    ("chat_template_kwargs", "x"), ("cache_salt", "mine"), ("session_id", "other"),
+    ("priority", -5), ("kv_transfer_params", {}), ("ec_transfer_params", {}),
+    ("top_k", 5), ("min_tokens", 1),
+]  # fmt: skip
 JUNK: list[Any] = [None, True, -1, 0, 2**40, 1.5, "", "x", [], {}, [None], {"": None}]
 # Text that orjson refuses, or takes as something odd, spliced in place of a value.
 RAW_JUNK = [b"NaN", b"Infinity", b"-0", b"1e999", b"123456789012345678901234567890", b'"\\ud800"']
@@ -148,6 +168,7 @@ class Mutator:
             (5, self.drop_node),
             (5, self.broken_text),
             (3, self.odd_params_header),
+            (5, self.vllm_field),
         ]
         self._weights = [w for w, _ in self.mutations]
 
@@ -192,6 +213,16 @@ class Mutator:
     def odd_header(self, body: dict[str, Any]) -> Request:
         headers = [(b"x-session-id", self.rng.choice(ODD_HEADER_IDS))]
         return Request(orjson.dumps(body), headers, kind="id:header")
+
+    def vllm_field(self, body: dict[str, Any]) -> Request:
+        for _ in range(self.rng.choice([1, 1, 2, 3])):
+            name, value = self.rng.choice(VLLM_FIELDS)
+            body[name] = value
+        if self.rng.random() < 0.2:  # the params header carries fields too
+            name, value = self.rng.choice(VLLM_FIELDS)
+            header = orjson.dumps({name: value})
+            return Request(orjson.dumps(body), [(b"x-foldgate-params", header)], kind="vllm")
+        return Request(orjson.dumps(body), kind="vllm")
 
     def deep(self, body: dict[str, Any]) -> Request:
         limit = MAX_JSON_DEPTH
