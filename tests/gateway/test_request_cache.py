@@ -356,7 +356,7 @@ async def test_the_pipeline_keys_decoding_by_the_callers_tenant(tmp_path: Path) 
         decoded = {}
         for tenant in ("acme", "beta"):
             headers = {"x-session-id": "s", "x-api-key": f"key-{tenant}"}
-            caller = identify(headers, config, pipeline.tenants)
+            caller = identify(headers, config, pipeline.tenants, pipeline.render.spec)
             assert caller.tenant == tenant
             decoded[tenant] = await pipeline.decode(OPENAI, copy.deepcopy(body), headers, tenant)
         first, second = decoded["acme"].transcript.messages, decoded["beta"].transcript.messages
