@@ -185,4 +185,6 @@ def merge_stats(first: Rendered, second: Rendered) -> RenderStats:
         fold_saved_tokens=a.fold_saved_tokens + b.fold_saved_tokens,
         rewrites=a.rewrites + b.rewrites,
         reprefill_tokens=a.reprefill_tokens + b.reprefill_tokens,
+        restore_tool=a.restore_tool or b.restore_tool,
+        text_restores=a.text_restores or b.text_restores,
     )

@@ -75,7 +75,7 @@ from gateway.fold.renderer import (
     noted_kind,
     origin_kind,
 )
-from gateway.fold.restore import restore_tool_schema
+from gateway.fold.restore import restore_tool_name, restore_tool_schema
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
 FOLD_MODES = ("auto", "on", "off")
@@ -134,8 +134,10 @@ class ReFold(Renderer):
             kinds[len(c.head) + at] = c.note.kind  # type: ignore[union-attr]
         tools = history.tools
         overhead = c.overhead
+        restore_tool = None
         if c.restore_offered and tools and not c.text_mode:
-            tools = (*tools, restore_tool_schema())
+            restore_tool = restore_tool_name(tools)
+            tools = (*tools, restore_tool_schema(restore_tool))
             overhead += self._restore_tool_tokens
         if note is not None:
             overhead += self.count_tokens(note) - c.tokens[c.steps[c.note.step]]  # type: ignore[union-attr]
@@ -150,6 +152,8 @@ class ReFold(Renderer):
             fold_saved_tokens=c.fold_saved,
             rewrites=c.rewrites,
             reprefill_tokens=c.reprefill,
+            restore_tool=restore_tool,
+            text_restores=c.text_mode and (c.restore_offered or c.index.restore_hint),
         )
         rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
         sources = (None,) * len(c.head) + tuple(range(len(messages)))

@@ -57,6 +57,11 @@ class RenderStats:
     # the replica prefill again (the strategy's estimate when it priced them).
     rewrites: int = 0
     reprefill_tokens: int = 0
+    # How this rendering offers restores, so that only a restore the gateway offered is
+    # answered by it: the name of the restore tool it added (None: none added), and whether
+    # a text harness was told it may write ``restore N``.
+    restore_tool: str | None = None
+    text_restores: bool = False
 
 
 # What a rendered message is, for the inspector: the history message as it is, or with all

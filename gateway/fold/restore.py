@@ -8,12 +8,15 @@ as a new turn, listed in ``RenderState.restored`` so that it renders verbatim.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.fold.renderer import RenderState, step_indices
 from gateway.transcript import Transcript
 
 RESTORE_TOOL_NAME = "restore"
+# The names the gateway's tool takes when a harness has a tool of its own by that name.
+_CLASH_PREFIX = "foldgate_restore"
 
 _SPEC = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
 _ACTION = re.compile(r"^\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -55,12 +58,31 @@ def restore_outputs(
     return [(n, history.messages[steps[n]].text) for n in range(first, last + 1)]
 
 
-def restore_tool_schema() -> dict[str, Any]:
+def restore_tool_name(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The name of the gateway's restore tool beside the harness's ``tools``: ``restore``,
+    or, when the harness has a tool of that name, the first free ``foldgate_restore``,
+    ``foldgate_restore_2``, ...: a harness's own tool is never answered by the gateway."""
+    taken = {_tool_name(tool) for tool in tools}
+    if RESTORE_TOOL_NAME not in taken:
+        return RESTORE_TOOL_NAME
+    name, n = _CLASH_PREFIX, 1
+    while name in taken:
+        n += 1
+        name = f"{_CLASH_PREFIX}_{n}"
+    return name
+
+
+def _tool_name(tool: Mapping[str, Any]) -> object:
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, Mapping) else tool.get("name")
+
+
+def restore_tool_schema(name: str = RESTORE_TOOL_NAME) -> dict[str, Any]:
     """The OpenAI-style function schema of the tool the gateway adds for ReFold."""
     return {
         "type": "function",
         "function": {
-            "name": RESTORE_TOOL_NAME,
+            "name": name,
             "description": (
                 "Show again the original, complete output of earlier steps that appear "
                 "folded or as a '[duplicate of step N ...]' stub. The output is added as a "

@@ -13,7 +13,7 @@ once from ``/v1/models``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -116,7 +116,7 @@ class Forward:
         except UpstreamError as exc:
             if not context_too_long(exc):
                 raise
-            return await self.open_compacted(ingested, rendering.transcript, exc, hints)
+            return await self.open_compacted(ingested, rendering, exc, hints)
         return Opened(replica, stream, rendering.tokens, rendering.stats, 0)
 
     async def open(
@@ -144,11 +144,16 @@ class Forward:
         )
 
     async def open_compacted(
-        self, ingested: Ingested, rendered: Transcript, refusal: UpstreamError, hints: RouteHints
+        self, ingested: Ingested, rendering: Rendering, refusal: UpstreamError, hints: RouteHints
     ) -> Opened:
         """The upstream refused the context as too long: walk CliffCompaction's ladder over
-        the rendering, retrying with each smaller rung until one is accepted."""
-        for retries, rung in enumerate(overflow_ladder(rendered), start=1):
+        the rendering, retrying with each smaller rung until one is accepted. A rung keeps
+        the rendering's tools and restore hints, so it offers the restores it offered."""
+        offer = {
+            "restore_tool": rendering.stats.restore_tool,
+            "text_restores": rendering.stats.text_restores,
+        }
+        for retries, rung in enumerate(overflow_ladder(rendering.transcript), start=1):
             metrics.OVERFLOW_RETRIES.inc()
             try:
                 replica, stream = await self.open(
@@ -161,5 +166,5 @@ class Forward:
                 continue
             tokens = sum(estimate_tokens(m) for m in rung.transcript.messages)
             self.guard.rendered((ingested.tenant, ingested.session), tokens, compacted=False)
-            return Opened(replica, stream, tokens, rung.stats, retries)
+            return Opened(replica, stream, tokens, replace(rung.stats, **offer), retries)
         raise refusal

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.chunks import ChunkAccumulator
-from gateway.fold.restore import RESTORE_TOOL_NAME
 
 _FENCE = "```"
 _RESTORE_BLOCK = re.compile(
@@ -49,8 +48,21 @@ class Decision:
 
 
 class ReplyFilter:
-    def __init__(self, *, text_actions: bool, first_attempt: bool = True) -> None:
-        self.text_actions = text_actions
+    """``restore_tool``: the name of the restore tool the gateway offered in this request
+    (None: none); ``text_restores``: whether a text harness was told it may write
+    ``restore N``. Only what the gateway offered is its to answer: a harness's own tool or
+    command of that name goes to the harness."""
+
+    def __init__(
+        self,
+        *,
+        text_actions: bool,
+        first_attempt: bool = True,
+        restore_tool: str | None = None,
+        text_restores: bool = False,
+    ) -> None:
+        self.text_actions = text_actions and text_restores
+        self.restore_tool = restore_tool
         self.first_attempt = first_attempt
         self.acc = ChunkAccumulator()
         self._content = ""
@@ -94,7 +106,7 @@ class ReplyFilter:
         """End of the upstream reply: release what is left, and decide."""
         reply = self.acc.message()
         calls = reply.get("tool_calls") or []
-        restore_calls = [c for c in calls if c["function"]["name"] == RESTORE_TOOL_NAME]
+        restore_calls = [c for c in calls if self._restores(c["function"]["name"])]
         restores = [_call_spec(c) for c in restore_calls]
         out: list[dict[str, Any]] = []
         held = self._content[self._content_sent :]
@@ -123,7 +135,7 @@ class ReplyFilter:
             if not name:
                 self._held_calls.setdefault(index, []).append(call_delta)
                 return []
-            self._is_restore[index] = name == RESTORE_TOOL_NAME
+            self._is_restore[index] = self._restores(name)
             if not self._is_restore[index]:
                 self._client_index[index] = len(self._client_index)
             pending = [*self._held_calls.pop(index, []), call_delta]
@@ -133,6 +145,9 @@ class ReplyFilter:
             return []
         renumbered = [dict(d, index=self._client_index[index]) for d in pending]
         return [self._chunk({"tool_calls": renumbered})]
+
+    def _restores(self, name: str) -> bool:
+        return self.restore_tool is not None and name == self.restore_tool
 
     def _releasable_content(self) -> str:
         """New content up to where a restore action could start; all of it outside text mode."""

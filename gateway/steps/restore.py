@@ -111,7 +111,12 @@ class RestoreLoop:
         goes to its replica's circuit breaker (``pool``) when the reply ends."""
         first = True
         while True:
-            reply_filter = ReplyFilter(text_actions=ingested.text_actions, first_attempt=first)
+            reply_filter = ReplyFilter(
+                text_actions=ingested.text_actions,
+                first_attempt=first,
+                restore_tool=restoring.stats.restore_tool,
+                text_restores=restoring.stats.text_restores,
+            )
             # A reply that breaks off after its first chunk is a failure of its replica.
             with restoring.replica.track(), reading_reply(self.pool, restoring.replica):
                 async for chunk in stream:

@@ -112,7 +112,9 @@ async def test_text_action_restore_never_reaches_the_harness(
     async with gateway_with_fake(script) as (url, fake):
         body = {"model": "m", "messages": text_history(), "stream": stream}
         resp = await client.post(
-            f"{url}/v1/chat/completions", json=body, headers={"x-session-id": "t1"}
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-session-id": "t1", "x-foldgate-fold": "on"},
         )
         assert resp.status_code == 200, resp.text
         if stream:
@@ -159,7 +161,9 @@ async def test_anthropic_streaming_restore(gateway_with_fake, client, store_url)
         ],
     }
     async with gateway_with_fake(script) as (url, fake):
-        resp = await client.post(f"{url}/v1/messages", json=body, headers={"x-session-id": "a1"})
+        resp = await client.post(
+            f"{url}/v1/messages", json=body, headers={"x-session-id": "a1", "x-foldgate-fold": "on"}
+        )
         assert resp.status_code == 200, resp.text
         events = [line[7:] for line in resp.text.splitlines() if line.startswith("event: ")]
         assert events[0] == "message_start" and events[-1] == "message_stop"
@@ -172,7 +176,9 @@ async def test_restore_loop_is_bounded(gateway_with_fake, client):
     script = [ScriptedReply("", tool_calls=[("restore", '{"steps": "0"}')]) for _ in range(10)]
     async with gateway_with_fake(script, max_restores=3) as (url, fake):
         body = {"model": "m", "messages": tool_history(), "tools": TOOLS}
-        resp = await client.post(f"{url}/v1/chat/completions", json=body)
+        resp = await client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"x-foldgate-fold": "on"}
+        )
         assert resp.status_code == 200
         assert len(fake.requests) == 4
         assert not resp.json()["choices"][0]["message"].get("tool_calls")
@@ -188,7 +194,9 @@ async def test_mixed_reply_passes_other_calls_and_records_restore(
     async with gateway_with_fake(script) as (url, fake):
         body = {"model": "m", "messages": tool_history(), "tools": TOOLS}
         resp = await client.post(
-            f"{url}/v1/chat/completions", json=body, headers={"x-session-id": "m1"}
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-session-id": "m1", "x-foldgate-fold": "on"},
         )
         calls = resp.json()["choices"][0]["message"]["tool_calls"]
         assert [c["function"]["name"] for c in calls] == ["bash"]
@@ -202,8 +210,86 @@ async def test_mixed_reply_passes_other_calls_and_records_restore(
         resp = await client.post(
             f"{url}/v1/chat/completions",
             json={"model": "m", "messages": nxt, "tools": TOOLS},
-            headers={"x-session-id": "m1"},
+            headers={"x-session-id": "m1", "x-foldgate-fold": "on"},
         )
         assert resp.status_code == 200
         sent = fake.requests[1]["messages"]
         assert any(m["role"] == "tool" and FILE_TEXT in (m["content"] or "") for m in sent[4:])
+
+
+HARNESS_RESTORE = {
+    "type": "function",
+    "function": {"name": "restore", "parameters": {"type": "object"}},
+}
+
+
+@pytest.mark.parametrize("strategy", ["base", "refold"])
+async def test_a_harness_tool_named_restore_goes_to_the_harness(
+    gateway_with_fake, client, strategy
+):
+    # The harness's own `restore` (e.g. restoring a backup) is its tool, never the gateway's.
+    script = [ScriptedReply("", tool_calls=[("restore", '{"path": "a.py"}')])]
+    async with gateway_with_fake(script) as (url, fake):
+        body = {"model": "m", "messages": tool_history(), "tools": [*TOOLS, HARNESS_RESTORE]}
+        headers = {"x-foldgate-strategy": strategy, "x-foldgate-fold": "on"}
+        resp = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+        assert resp.status_code == 200, resp.text
+        calls = resp.json()["choices"][0]["message"]["tool_calls"]
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+            ("restore", '{"path": "a.py"}')
+        ]
+        assert len(fake.requests) == 1
+        offered = [t["function"]["name"] for t in fake.requests[0]["tools"]]
+        # ReFold's own tool, offered from the first request in this setting, takes a name
+        # the harness does not use.
+        assert offered == (
+            ["bash", "restore", "foldgate_restore"] if strategy == "refold" else ["bash", "restore"]
+        )
+
+
+async def test_the_gateways_renamed_restore_tool_is_answered(gateway_with_fake, client):
+    script = [
+        ScriptedReply("", tool_calls=[("foldgate_restore", '{"steps": "0"}')]),
+        ScriptedReply("Done."),
+    ]
+    async with gateway_with_fake(script) as (url, fake):
+        body = {"model": "m", "messages": tool_history(), "tools": [*TOOLS, HARNESS_RESTORE]}
+        resp = await client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"x-foldgate-fold": "on"}
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"] == "Done."
+        assert len(fake.requests) == 2
+        assert FILE_TEXT in fake.requests[1]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("strategy", ["base", "cliff", "refold"])
+async def test_a_restore_the_gateway_never_offered_reaches_the_harness(
+    gateway_with_fake, client, strategy
+):
+    # Nothing offered a restore (base; or refold asking nothing yet, nothing folded): a
+    # text reply that is just a `restore 0` block, or a call of a tool that was never
+    # offered, is the model's own and goes to the harness unchanged.
+    text_script = [ScriptedReply("```bash\nrestore 0\n```")]
+    async with gateway_with_fake(text_script, budget=100_000) as (url, fake):
+        body = {"model": "m", "messages": text_history()}
+        resp = await client.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-foldgate-strategy": strategy, "x-foldgate-fold": "off"},
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"] == "```bash\nrestore 0\n```"
+        assert len(fake.requests) == 1
+    tool_script = [ScriptedReply("", tool_calls=[("restore", '{"steps": "0"}')])]
+    async with gateway_with_fake(tool_script, budget=100_000) as (url, fake):
+        body = {"model": "m", "messages": tool_history(), "tools": TOOLS}
+        resp = await client.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-foldgate-strategy": strategy, "x-foldgate-fold": "off"},
+        )
+        assert resp.status_code == 200, resp.text
+        calls = resp.json()["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["restore"]
+        assert len(fake.requests) == 1
