@@ -1,9 +1,10 @@
 """Forward: the rendered context as a streaming chat request to the replica the route picks.
 
-Failover to another replica happens only before the first chunk (``router.with_failover``):
-``open`` returns once a replica's first chunk is in hand, which is when the upstream has
-accepted the request; the replica's success is reported once the reply is read to its end
-(``router.reading_reply``, in the restore loop). A replica that refuses the context as too
+Failover to another replica happens only while nothing reached the client
+(``router.with_failover``): ``open`` returns once a replica's first chunk is in hand for a
+streaming client, its whole reply for one that waits for it, which is when the upstream
+has accepted the request; the replica's success is reported once the reply is read to its
+end (``router.reading_reply``, in the restore loop). A replica that refuses the context as too
 long gets the overflow ladder: CliffCompaction's rungs over the rendering, smaller each
 time, until one is taken.
 With no configured upstream model, the replicas' one served model is used (discovered
@@ -88,17 +89,21 @@ class Forward:
         return body
 
     async def models(self) -> list[dict[str, Any]]:
-        """What the replicas serve (the first healthy replica that answers)."""
+        """What the replicas serve: the listing of the first healthy replica that lists a
+        model (one that answers an error or no listing is skipped); none: empty."""
         for replica in self.pool.healthy():
             try:
-                return list((await self.upstream.get_json(f"{replica.url}/v1/models"))["data"])
-            except (UpstreamError, OSError, ValueError, KeyError):
+                served = await self.upstream.served_models(replica.url)
+            except UpstreamError:
                 continue
+            if served:
+                return served
         return []
 
     async def discover_model(self) -> None:
         """With no configured upstream model, use the replicas' one model when they serve
-        one; then the context guard learns its window."""
+        one (until a replica lists one, the client's model goes upstream); then the
+        context guard learns its window."""
         if self.upstream_model is None and not self._model_discovered:
             served = await self.models()
             self._model_discovered = bool(served)
@@ -127,7 +132,12 @@ class Forward:
 
         async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
             try:
-                return replica, await self.upstream.open_chat_stream(replica.url, body)
+                # A client that waits for the whole reply has seen nothing until it is read
+                # to its end: read it here, where a break still fails over.
+                stream = await self.upstream.open_chat_stream(
+                    replica.url, body, whole=not ingested.stream
+                )
+                return replica, stream
             except UpstreamError as exc:
                 metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
                 raise
