@@ -166,9 +166,10 @@ class Pipeline:
         return render(self.render, ingested, *history, branch)
 
     async def start(self, ingested: Ingested, received: float | None = None) -> Started:
-        """Render, route and open the upstream; once it accepted (first chunk in hand),
-        store the history. Routing, upstream and store errors before the first chunk raise
-        from here, so the client still gets a proper error status; nothing is stored then.
+        """Render, route and open the upstream; once it accepted (the first chunk in hand,
+        the whole reply for a non-streaming client), store the history. Routing, upstream
+        and store errors before that raise from here, so the client still gets a proper
+        error status; nothing is stored then.
         ``received``: when the gateway began the request, for the latency it adds."""
         await self.forward.discover_model()
         history = placed(ingested.transcript.messages, ingested.found.gateway_turns)

@@ -206,19 +206,30 @@ class ChatStream:
                 if chunk is None:
                     raise self._broke(f"not a chunk: {event.data[:100]!r}")
                 if "error" in chunk:
-                    raise UpstreamError(
-                        f"upstream stream error: {chunk['error']}", retryable=False, body=chunk
-                    )
+                    raise self._error_event(chunk)
                 self._started = True
                 yield chunk
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._broke(repr(exc)) from exc
         raise self._broke("the stream ended before [DONE]")
 
-    def _broke(self, why: str) -> UpstreamError:
+    def _error_event(self, chunk: dict[str, Any]) -> UpstreamError:
+        """An error event: the request's fault when it carries a 4xx ``code`` (vLLM streams
+        its refusals so), else the replica's, as a break is."""
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        if isinstance(code, int) and 400 <= code < 500:
+            return UpstreamError(
+                f"upstream refused: {error}", retryable=False, status=code, body=chunk
+            )
+        return self._broke(f"error event {error}", body=chunk)
+
+    def _broke(self, why: str, body: Any = None) -> UpstreamError:
         """The replica broke off: retryable while nothing of the reply reached the client."""
         return UpstreamError(
-            f"upstream stream broke: {why}", retryable=self._holding or not self._started
+            f"upstream stream broke: {why}",
+            retryable=self._holding or not self._started,
+            body=body,
         )
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:

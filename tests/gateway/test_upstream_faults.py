@@ -117,11 +117,13 @@ def stream_error(dialect: Dialect, events: list[dict[str, Any]]) -> dict[str, An
 RETRIED = [
     ("not_json", 0, True),
     ("cut_line", 0, True),
+    ("error", 0, True),
     ("not_json", 0, False),
     ("not_json", 1, False),  # after the first chunk: the whole reply is read before answering
     ("cut_line", 1, False),
     ("drop", 1, False),
     ("drop", 3, False),
+    ("error", 1, False),
 ]
 
 
@@ -191,7 +193,7 @@ async def test_a_stream_that_breaks_after_its_first_chunk_ends_in_the_dialects_e
 # --- no healthy replica: the dialect's error shape, never a 500 ---------------------------
 
 
-@pytest.mark.parametrize("fault", ["not_json", "cut_line", "drop"])
+@pytest.mark.parametrize("fault", ["not_json", "cut_line", "drop", "error"])
 @pytest.mark.parametrize("after", [0, 1])
 async def test_with_no_healthy_replica_a_fault_is_a_502_in_the_dialects_shape(
     store_url: str, client: httpx.AsyncClient, fault: str, after: int
