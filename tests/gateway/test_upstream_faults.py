@@ -24,8 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from gateway.config import DEFAULT_TENANT, GatewayConfig
+from gateway.upstream import UpstreamClient, UpstreamError, parse_chunk
 from loadtests.fake_upstream import FAKE_MODEL, FakeUpstream, ScriptedReply
 from tests.gateway.conftest import running_gateway, store_at
 from tests.gateway.test_faults import DIALECTS, Dialect, counter, user
@@ -259,3 +261,64 @@ async def test_with_no_replica_listing_a_model_the_clients_model_goes_upstream(
     assert chat.status_code == 200, chat.text
     assert messages.status_code == 200, messages.text
     assert [r["model"] for r in faulty.requests] == ["m", "m"]  # the client's model
+
+
+# --- what the upstream client reads as a chunk ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{not json",
+        b"3",
+        b"[]",
+        b'"text"',
+        b'{"choices": {"0": {}}}',
+        b'{"choices": [1]}',
+        b'{"choices": [{"delta": [1]}]}',
+        b'{"choices": [{"delta": {"tool_calls": {"a": 1}}}]}',
+        b'{"choices": [{"delta": {"tool_calls": [{"index": "0"}]}}]}',
+        b'{"choices": [{"delta": {"tool_calls": [{"function": {"name": 1}}]}}]}',
+        b'{"choices": [], "usage": 7}',
+    ],
+)
+def test_a_data_line_that_is_not_a_chunk_object_is_refused(data: bytes) -> None:
+    assert parse_chunk(data) is None
+
+
+def test_a_chunk_is_read_as_sent() -> None:
+    chunk = FakeUpstream.chunks(ScriptedReply("hi", tool_calls=[("f", '{"a": 1}')]), 3)
+    assert [parse_chunk(json.dumps(c).encode()) for c in chunk] == chunk
+
+
+class RefusingUpstream(FakeUpstream):
+    """Streams one error event, carrying ``code`` as vLLM's refusals do."""
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__()
+        self.code = code
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await request.json()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        error = {"message": "no", "type": "BadRequestError", "code": self.code}
+        await resp.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+
+@pytest.mark.parametrize(("code", "status", "retryable"), [(400, 400, False), (None, 502, True)])
+async def test_an_error_event_is_a_refusal_with_a_4xx_code_else_the_replicas_failure(
+    code: int | None, status: int, retryable: bool
+) -> None:
+    fake = await RefusingUpstream(code).start()
+    client = UpstreamClient()
+    try:
+        with pytest.raises(UpstreamError) as err:
+            await client.open_chat_stream(fake.url, {"model": "m", "messages": []})
+    finally:
+        await client.close()
+        await fake.stop()
+    assert (err.value.status, err.value.retryable) == (status, retryable)
+    assert err.value.body["error"]["message"] == "no"
