@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.sse import DONE, SSEReader
 from router import UpstreamFailed
@@ -209,7 +210,8 @@ class ChatStream:
                     raise self._error_event(chunk)
                 self._started = True
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
+            # HttpProcessingError: a line past the read buffer's limit, among others.
             raise self._broke(repr(exc)) from exc
         raise self._broke("the stream ended before [DONE]")
 

@@ -291,28 +291,25 @@ def test_a_chunk_is_read_as_sent() -> None:
     assert [parse_chunk(json.dumps(c).encode()) for c in chunk] == chunk
 
 
-class RefusingUpstream(FakeUpstream):
-    """Streams one error event, carrying ``code`` as vLLM's refusals do."""
+class RawUpstream(FakeUpstream):
+    """Streams ``frames`` as they are, whatever the request."""
 
-    def __init__(self, code: int | None) -> None:
+    def __init__(self, frames: bytes) -> None:
         super().__init__()
-        self.code = code
+        self.frames = frames
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await request.json()
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        error = {"message": "no", "type": "BadRequestError", "code": self.code}
-        await resp.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+        await resp.write(self.frames)
         await resp.write_eof()
         return resp
 
 
-@pytest.mark.parametrize(("code", "status", "retryable"), [(400, 400, False), (None, 502, True)])
-async def test_an_error_event_is_a_refusal_with_a_4xx_code_else_the_replicas_failure(
-    code: int | None, status: int, retryable: bool
-) -> None:
-    fake = await RefusingUpstream(code).start()
+async def opened(frames: bytes) -> UpstreamError:
+    """What the upstream client raises opening a stream of ``frames``."""
+    fake = await RawUpstream(frames).start()
     client = UpstreamClient()
     try:
         with pytest.raises(UpstreamError) as err:
@@ -320,5 +317,19 @@ async def test_an_error_event_is_a_refusal_with_a_4xx_code_else_the_replicas_fai
     finally:
         await client.close()
         await fake.stop()
-    assert (err.value.status, err.value.retryable) == (status, retryable)
-    assert err.value.body["error"]["message"] == "no"
+    return err.value
+
+
+@pytest.mark.parametrize(("code", "status", "retryable"), [(400, 400, False), (None, 502, True)])
+async def test_an_error_event_is_a_refusal_with_a_4xx_code_else_the_replicas_failure(
+    code: int | None, status: int, retryable: bool
+) -> None:
+    error = {"message": "no", "type": "BadRequestError", "code": code}
+    failed = await opened(f"data: {json.dumps({'error': error})}\n\n".encode())
+    assert (failed.status, failed.retryable) == (status, retryable)
+    assert failed.body["error"]["message"] == "no"
+
+
+async def test_a_line_past_the_read_buffer_is_the_replicas_failure() -> None:
+    failed = await opened(b"data: " + b" " * (4 << 20) + b"{}\n\n")
+    assert (failed.status, failed.retryable) == (502, True)
