@@ -5,7 +5,7 @@ for: one code path reads every reply chunk by chunk (restore detection, accounti
 non-streaming client gets the chunks assembled. Nothing is retried here; the router's
 failover decides, and only while nothing reached the client: before the first chunk, or,
 for a client that waits for the whole reply, before the reply is read to its end
-(``open_chat_stream(whole=True)``).
+(``ChatStream.read_whole``).
 
 Whatever a replica sends, its faults leave here as ``UpstreamError`` (a failure of the
 replica): a stream cut or cut inside a line, a ``data:`` line that is not a chunk object, a
@@ -90,30 +90,21 @@ class UpstreamClient:
         return entries
 
     async def open_chat_stream(
-        self,
-        base_url: str,
-        body: Mapping[str, Any],
-        headers: Mapping[str, str] | None = None,
-        *,
-        whole: bool = False,
+        self, base_url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> ChatStream:
-        """POST a streaming chat completion and wait for its first chunk (``whole``: for
-        the whole reply, for a client that waits for it anyway).
+        """POST a streaming chat completion and wait for its first chunk.
 
-        Returns once the first chunk (the whole reply) is in hand, so every failure a retry
-        could fix is raised from here, before the caller has sent anything to its client.
+        Returns once the first chunk is in hand, so every failure a retry could fix is
+        raised from here, before the caller has sent anything to its client.
         """
         try:
             async with asyncio.timeout(self.first_chunk_timeout_s):
-                stream = await self._open(base_url, body, headers)
+                return await self._open(base_url, body, headers)
         except TimeoutError as exc:
             raise UpstreamError(
                 f"{base_url}: no first chunk within {self.first_chunk_timeout_s:g} s",
                 retryable=True,
             ) from exc
-        if whole:
-            await stream.read_whole()  # each chunk within the idle timeout, no total cap
-        return stream
 
     async def _open(
         self, base_url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None
@@ -165,8 +156,9 @@ class ChatStream:
         self._events = self._parse()
 
     async def read_whole(self) -> None:
-        """Read the rest of the reply now, holding its chunks for the iteration: none of
-        it reached the client yet, so a break anywhere in it is retryable."""
+        """Read the rest of the reply now (each chunk within the idle timeout), holding its
+        chunks for the iteration: none of it reached the client yet, so a break anywhere in
+        it is retryable."""
         self._holding = True
         self._whole = [chunk async for chunk in self]
 

@@ -38,16 +38,22 @@ REQUESTS = 2 * FAILURES + 1  # in turn: the faulty replica is tried first in all
 
 @asynccontextmanager
 async def faulty_beside_healthy(
-    store_url: str, faulty: FakeUpstream, *, healthy: bool = True, **overrides: Any
+    store_url: str,
+    faulty: FakeUpstream,
+    *,
+    healthy: bool = True,
+    policy: str = "round_robin",
+    **overrides: Any,
 ) -> AsyncIterator[tuple[str, FakeUpstream | None]]:
-    """A gateway over ``faulty`` and (``healthy``) a healthy fake, routed in turn."""
+    """A gateway over ``faulty`` and (``healthy``) a healthy fake, routed in turn (or by
+    ``policy``)."""
     await faulty.start()
     good = await FakeUpstream().start() if healthy else None
     replicas = (faulty.url, good.url) if good else (faulty.url,)
     config = GatewayConfig(
         store_url=store_url,
         replicas=replicas,
-        policy="round_robin",
+        policy=policy,
         probe_interval_s=0.5,
         breaker_failures=FAILURES,
         breaker_open_s=30.0,
@@ -161,6 +167,31 @@ async def test_a_fault_before_anything_reached_the_client_is_retried_on_the_heal
     await assert_stored_once(store_url, texts)
 
 
+async def test_a_reply_taken_over_by_another_replica_is_stored_once_assigned_to_it(
+    store_url: str, client: httpx.AsyncClient
+) -> None:
+    """The history is written when the faulty replica's first chunk arrives, and again when
+    the healthy one takes the broken reply over: the turn is appended once, and a sticky
+    session is assigned to the replica that answered it."""
+    faulty = FakeUpstream(default=ScriptedReply("a longer reply", breaks="drop", breaks_after=2))
+    texts: dict[str, str] = {}
+    async with faulty_beside_healthy(store_url, faulty, policy="sticky") as (url, good):
+        for i in range(2 * FAILURES):
+            session, text = f"s-{uuid.uuid4().hex[:8]}", f"turn {i}"
+            texts[session] = text
+            resp = await client.post(
+                f"{url}/v1/chat/completions",
+                json=body(DIALECTS[0], text, False),
+                headers={"x-session-id": session},
+            )
+            assert resp.status_code == 200, resp.text
+    assert faulty.requests  # some sessions were placed on it first
+    await assert_stored_once(store_url, texts)
+    async with store_at(store_url) as store:
+        for session in texts:
+            assert await store.get_assignment(DEFAULT_TENANT, session) == good.url
+
+
 # --- a stream that breaks once it has begun: the dialect's error event --------------------
 
 
@@ -202,10 +233,17 @@ async def test_with_no_healthy_replica_a_fault_is_a_502_in_the_dialects_shape(
 ) -> None:
     faulty = FakeUpstream(default=ScriptedReply("a longer reply", breaks=fault, breaks_after=after))
     answers = []
+    texts: dict[str, str] = {}
     async with faulty_beside_healthy(store_url, faulty, healthy=False) as (url, _):
         for i in range(FAILURES + 1):
             dialect = DIALECTS[i % len(DIALECTS)]
-            resp = await client.post(f"{url}{dialect.path}", json=body(dialect, f"{i}", False))
+            session, text = f"s-{uuid.uuid4().hex[:8]}", f"turn {i}"
+            texts[session] = text
+            resp = await client.post(
+                f"{url}{dialect.path}",
+                json=body(dialect, text, False),
+                headers={"x-session-id": session},
+            )
             answers.append((dialect, resp))
         state, opened = await breaker(client, url, faulty.url)
     statuses = [resp.status_code for _, resp in answers]
@@ -214,8 +252,11 @@ async def test_with_no_healthy_replica_a_fault_is_a_502_in_the_dialects_shape(
         assert error_of(dialect, resp.json())["message"]
         assert faulty.url not in resp.text  # no internal address
     assert (state, opened) == (2, 1)
-    async with store_at(store_url) as store:
-        assert not (await store.list_sessions(DEFAULT_TENANT))  # nothing was accepted
+    if after == 0:  # no replica accepted a request: nothing stored
+        async with store_at(store_url) as store:
+            assert not (await store.list_sessions(DEFAULT_TENANT))
+    else:  # accepted at the first chunk, then broken: stored once, as the client resends it
+        await assert_stored_once(store_url, dict(list(texts.items())[:FAILURES]))
 
 
 # --- /v1/models answering 404 --------------------------------------------------------------
