@@ -50,13 +50,12 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec
 from gateway.tokens import BYTES_PER_TOKEN
 from gateway.transcript import Transcript
+from gateway.upstream import UpstreamError
 from router.replica import Replica
 
 DEFAULT_REPLY_TOKENS = 4096
@@ -126,7 +125,8 @@ class ContextGuard:
     """Per-session CliffCompaction thresholds below the replicas' context window.
 
     ``replicas()`` lists the replicas a request may go to; ``get_json(url)`` fetches their
-    ``/v1/models``; ``renderers`` builds a strategy with a cliff at the threshold (the
+    ``/v1/models`` (raising ``UpstreamError`` when a replica answers none: it is asked again
+    with a later request); ``renderers`` builds a strategy with a cliff at the threshold (the
     gateway's one renderer cache, so a session whose threshold stays keeps its renderer and
     its cache). ``renderer`` answers None, and the strategy renders as configured, when the
     guard is off (a budget is configured) or no replica reported a window.
@@ -164,7 +164,7 @@ class ContextGuard:
                 *(self._get_json(f"{url}/v1/models") for url in pending), return_exceptions=True
             )
             for url, answer in zip(pending, answers, strict=True):
-                if isinstance(answer, (aiohttp.ClientError, OSError, ValueError, TimeoutError)):
+                if isinstance(answer, UpstreamError):
                     continue  # asked again with the next request
                 if isinstance(answer, BaseException):
                     raise answer

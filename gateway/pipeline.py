@@ -15,7 +15,8 @@ the upstream's OpenAI chunks back in the client's dialect.
 Store round trips of a request: one read (``ingest.lookup``), one write once an upstream
 accepted the request (``ingest.store_history``: the history and the route's assignment),
 one counter increment after the reply (``account``). Restores answered in the loop add
-one write each, and a tenant's quota limits their own charges.
+one write each, and a tenant's quota limits their own charges; a non-streaming reply
+that broke and was taken over by another replica adds one, which appends nothing.
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ class Pipeline:
 
     async def start(self, ingested: Ingested, received: float | None = None) -> Started:
         """Render, route and open the upstream; once it accepted (first chunk in hand),
-        store the history. Routing, upstream and store errors before the first chunk raise
-        from here, so the client still gets a proper error status; nothing is stored then.
+        store the history. Routing, upstream and store errors before the first chunk (for a
+        non-streaming client, before the whole reply is in) raise from here, so the client
+        still gets a proper error status; nothing is stored before the first chunk.
         ``received``: when the gateway began the request, for the latency it adds."""
         await self.forward.discover_model()
         history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
@@ -180,22 +182,33 @@ class Pipeline:
         hints = route.hints(self.policy, ingested, rendering.tokens, ingested.found.assignment)
         if received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
-        opened = await self.forward.send(ingested, rendering, body, hints)
-        try:
-            stored = await self.store_history(ingested, rendering, opened.replica)
-        except BaseException:
-            opened.stream.close()  # the client gets the store's error; the upstream stops
-            raise
+        stored: Stored | None = None
+
+        async def accepted(replica: Replica) -> None:
+            # Again when another replica takes a broken non-streaming reply over: the history
+            # is appended once (the write is idempotent), the assignment moves to that one.
+            nonlocal stored
+            expected = stored.assignment if stored else ingested.found.assignment
+            stored = await self.store_history(ingested, rendering, replica, expected)
+
+        # A store error closes the upstream stream; the client gets the store's error.
+        opened = await self.forward.send(ingested, rendering, body, hints, accepted)
+        assert stored is not None  # send returns once a replica accepted
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(ingested.raw_tokens)
         metrics.PROMPT_TOKENS.labels(kind="rendered").inc(opened.tokens)
         return Started(history, rendering, opened, stored)
 
     async def store_history(
-        self, ingested: Ingested, rendering: Rendering, replica: Replica | None
+        self,
+        ingested: Ingested,
+        rendering: Rendering,
+        replica: Replica | None,
+        expected: str | None = None,
     ) -> Stored:
         """Store the history with the route's assignment to ``replica`` (the one that
-        accepted the request), and keep the rendering's renderer cache."""
-        assign = route.assignment(self.policy, ingested, replica) if replica else None
+        accepted the request; ``expected``: the assignment it replaces, as read or as this
+        request's last write left it), and keep the rendering's renderer cache."""
+        assign = route.assignment(self.policy, ingested, replica, expected) if replica else None
         stored = await store_history(self.store, ingested, assign)
         keep(self.render, rendering, stored.branch)
         return stored

@@ -3,7 +3,13 @@
 Requests always go upstream as streaming OpenAI chat completions, whatever the client asked
 for: one code path reads every reply chunk by chunk (restore detection, accounting), and a
 non-streaming client gets the chunks assembled. Nothing is retried here; the router's
-failover decides, and only before the first chunk reached the client.
+failover decides, and only while nothing reached the client: before the first chunk, or,
+for a client that waits for the whole reply, before the reply is read to its end
+(``ChatStream.read_whole``).
+
+Whatever a replica sends, its faults leave here as ``UpstreamError`` (a failure of the
+replica): a stream cut or cut inside a line, a ``data:`` line that is not a chunk object, a
+``/v1/models`` that answers an error or no model listing.
 
 Timeouts: connecting, the first chunk (queueing and prefill), then the gap between two
 chunks; a generation may run as long as it keeps streaming.
@@ -19,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.sse import DONE, SSEReader
 from router import UpstreamFailed
@@ -59,12 +66,28 @@ class UpstreamClient:
             await self._session.close()
 
     async def get_json(self, url: str) -> Any:
+        """``url``'s JSON body; a replica that does not answer one (unreachable, a non-2xx,
+        a timeout, a body that is not JSON) raises ``UpstreamError``."""
         session = await self.session()
-        async with session.get(
-            url, timeout=aiohttp.ClientTimeout(total=self.idle_timeout_s)
-        ) as resp:
-            resp.raise_for_status()
-            return await resp.json()
+        try:
+            async with session.get(
+                url, timeout=aiohttp.ClientTimeout(total=self.idle_timeout_s)
+            ) as resp:
+                resp.raise_for_status()
+                return await resp.json()
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise UpstreamError(f"{url}: {exc!r}", retryable=True) from exc
+
+    async def served_models(self, base_url: str) -> list[dict[str, Any]]:
+        """The replica's ``/v1/models`` entries, each with a string ``id``; a replica that
+        answers no such listing raises ``UpstreamError``."""
+        answer = await self.get_json(f"{base_url}/v1/models")
+        entries = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("id"), str) for e in entries
+        ):
+            raise UpstreamError(f"{base_url}/v1/models: not a model listing", retryable=True)
+        return entries
 
     async def open_chat_stream(
         self, base_url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
@@ -127,8 +150,17 @@ class ChatStream:
         self._resp = resp
         self._idle_timeout_s = idle_timeout_s
         self._started = False  # a chunk has arrived
+        self._holding = False  # chunks are held until the reply is whole (``read_whole``)
         self._first: dict[str, Any] | None = None
+        self._whole: list[dict[str, Any]] | None = None
         self._events = self._parse()
+
+    async def read_whole(self) -> None:
+        """Read the rest of the reply now (each chunk within the idle timeout), holding its
+        chunks for the iteration: none of it reached the client yet, so a break anywhere in
+        it is retryable."""
+        self._holding = True
+        self._whole = [chunk async for chunk in self]
 
     async def prefetch(self) -> None:
         try:
@@ -156,24 +188,49 @@ class ChatStream:
         reader = SSEReader()
         try:
             async for raw in self._lines():
+                if not raw.endswith(b"\n"):
+                    raise self._broke("the stream ended inside a line")
                 event = reader.line(raw)
                 if event is None:
                     continue
                 if event.data == DONE:
                     return
-                chunk = orjson.loads(event.data)
+                chunk = parse_chunk(event.data)
+                if chunk is None:
+                    raise self._broke(f"not a chunk: {event.data[:100]!r}")
                 if "error" in chunk:
-                    raise UpstreamError(
-                        f"upstream stream error: {chunk['error']}", retryable=False, body=chunk
-                    )
+                    raise self._error_event(chunk)
                 self._started = True
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(
-                f"upstream stream broke: {exc!r}", retryable=not self._started
-            ) from exc
+        except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
+            # HttpProcessingError: a line past the read buffer's limit, among others.
+            raise self._broke(repr(exc)) from exc
+        raise self._broke("the stream ended before [DONE]")
+
+    def _error_event(self, chunk: dict[str, Any]) -> UpstreamError:
+        """An error event: the request's fault when it carries a 4xx ``code`` (vLLM streams
+        its refusals so), else the replica's, as a break is."""
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        if isinstance(code, int) and 400 <= code < 500:
+            return UpstreamError(
+                f"upstream refused: {error}", retryable=False, status=code, body=chunk
+            )
+        return self._broke(f"error event {error}", body=chunk)
+
+    def _broke(self, why: str, body: Any = None) -> UpstreamError:
+        """The replica broke off: retryable while nothing of the reply reached the client."""
+        return UpstreamError(
+            f"upstream stream broke: {why}",
+            retryable=self._holding or not self._started,
+            body=body,
+        )
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        if self._whole is not None:
+            for chunk in self._whole:
+                yield chunk
+            return
         finished = False
         try:
             if self._first is not None:
@@ -193,3 +250,37 @@ class ChatStream:
     def close(self) -> None:
         """Abort the reply: the connection is closed, and the replica stops generating."""
         self._resp.close()
+
+
+def parse_chunk(data: bytes) -> dict[str, Any] | None:
+    """A ``data:`` line's ``chat.completion.chunk`` (or error event); None when it is not
+    one: not JSON, not an object, or ``choices``, a ``delta`` or ``usage`` of the wrong type
+    (which the dialects read without checking)."""
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("usage") or {}, dict):
+        return None
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        return None
+    for choice in choices:
+        if not isinstance(choice, dict) or not isinstance(choice.get("delta") or {}, dict):
+            return None
+        calls = (choice.get("delta") or {}).get("tool_calls") or []
+        if not isinstance(calls, list) or not all(map(is_call_delta, calls)):
+            return None
+    return chunk
+
+
+def is_call_delta(call: Any) -> bool:
+    """A tool-call delta: an object with an integer ``index`` and string (or absent) ``id``,
+    ``function.name`` and ``function.arguments``."""
+    if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+        return False
+    fn = call.get("function") or {}
+    return isinstance(fn, dict) and all(
+        isinstance(v, str)
+        for v in (call.get("id") or "", fn.get("name") or "", fn.get("arguments") or "")
+    )

@@ -32,6 +32,18 @@ class ScriptedReply:
     chunk_chars: int = 8
     chunk_delay_s: float = 0.0  # pause before each chunk after the first (a decoding model)
     first_chunk_delay_s: float = 0.0  # pause before the response starts (queueing, prefill)
+    # A replica's fault after ``breaks_after`` chunks: "drop" (the connection is cut),
+    # "error" (an error event, as vLLM sends when generation fails), "not_json" (a data line
+    # that is not JSON), "cut_line" (the stream ends inside a line); None: no fault.
+    breaks: str | None = None
+    breaks_after: int = 1
+
+    def __post_init__(self) -> None:
+        if self.breaks is not None and self.breaks not in BREAKS:
+            raise ValueError(f"unknown fault {self.breaks!r}; known: {', '.join(BREAKS)}")
+
+
+BREAKS = ("drop", "error", "not_json", "cut_line")
 
 
 class FakeUpstream:
@@ -40,7 +52,8 @@ class FakeUpstream:
 
     ``max_model_len``: a context window, reported by ``/v1/models`` as vLLM does; a prompt
     longer than it (counted as the usage below counts it) is refused with vLLM's 400, and
-    recorded in ``refused``.
+    recorded in ``refused``. ``models_status``: what ``/v1/models`` answers (a server
+    without the route answers 404).
     """
 
     def __init__(
@@ -49,11 +62,13 @@ class FakeUpstream:
         default: ScriptedReply | None = None,
         max_model_len: int | None = None,
         record: bool = True,
+        models_status: int = 200,
     ):
         self.script: deque[ScriptedReply] = deque(script)
         self.default = default or ScriptedReply()
         self.max_model_len = max_model_len
         self.record = record
+        self.models_status = models_status
         self.requests: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
         # Requests whose connection the gateway closed before the reply ended (cancelled).
@@ -94,6 +109,8 @@ class FakeUpstream:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_status != 200:
+            return web.json_response({"detail": "Not Found"}, status=self.models_status)
         model: dict[str, Any] = {"id": FAKE_MODEL, "object": "model"}
         if self.max_model_len is not None:
             model["max_model_len"] = self.max_model_len
@@ -129,13 +146,35 @@ class FakeUpstream:
             for i, chunk in enumerate(self.chunks(reply, prompt_tokens=prompt_tokens)):
                 if i and reply.chunk_delay_s:
                     await self._pause(request, reply.chunk_delay_s)
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                line = f"data: {json.dumps(chunk)}\n\n".encode()
+                if i == reply.breaks_after and reply.breaks is not None:
+                    await self._break(request, resp, reply.breaks, line)
+                    return resp
+                await resp.write(line)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:
             if self.record:
                 self.aborted.append(body)
         return resp
+
+    @staticmethod
+    async def _break(
+        request: web.Request, resp: web.StreamResponse, fault: str, line: bytes
+    ) -> None:
+        """End the reply with ``fault`` (``ScriptedReply.breaks``) where ``line`` was next."""
+        if fault == "drop":
+            assert request.transport is not None
+            request.transport.abort()
+            return
+        if fault == "error":
+            error = {"error": {"message": "engine failed", "type": "InternalServerError"}}
+            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+        elif fault == "not_json":
+            await resp.write(b"data: {this is not json\n\n")
+        else:  # cut_line
+            await resp.write(line[: len(line) // 2])
+        await resp.write_eof()
 
     @staticmethod
     async def _pause(request: web.Request, seconds: float) -> None:

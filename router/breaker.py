@@ -3,8 +3,9 @@
 One failed request says little: a replica can fail one request (a hiccup, an engine that
 restarted a step) and serve the next. So the breaker opens only after ``failures`` failed
 requests in a row, where failed means what failover retries (a connection error, a 5xx, no
-first chunk in time) or a reply that broke off after its first chunk; a success is a reply
-read to its end. A 4xx is the request's fault and counts as the replica answering.
+first chunk in time, a stream the replica cut or garbled) or a reply that broke off after
+its first chunk; a success is a reply read to its end. A 4xx is the request's fault and
+counts as the replica answering.
 
 - closed: routed. A success resets the count of failures in a row.
 - open: not routed, for ``open_s`` seconds after it opened.

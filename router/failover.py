@@ -1,8 +1,9 @@
 """Retry a request on another replica when the upstream failed before the client saw a byte.
 
-The gateway wraps its upstream call in `attempt(replica)`. On a connection error or a 5xx
-the attempt raises `UpstreamFailed`, saying whether anything was already sent to the client:
-only then is a retry safe, because a second answer cannot be spliced onto a partial one.
+The gateway wraps its upstream call in `attempt(replica)`. On a connection error, a 5xx or
+a broken reply the attempt raises `UpstreamFailed`, saying whether anything was already sent
+to the client: only when nothing was is a retry safe, because a second answer cannot be
+spliced onto a partial one.
 
 Every outcome goes to the pool, for the replica's circuit breaker: a failure, or a success
 (an answer, a 4xx included: that is the request's fault, and the replica answered it). A

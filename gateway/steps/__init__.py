@@ -13,8 +13,8 @@
   session's renderer cache (``Rendering``).
 - ``route``: what the routing policy is told, and the assignment it chose, written back
   with the history.
-- ``forward``: the upstream request, failover before the first chunk, and the overflow
-  ladder when a replica refuses the context as too long (``Opened``).
+- ``forward``: the upstream request, failover while nothing reached the client, and the
+  overflow ladder when a replica refuses the context as too long (``Opened``).
 - ``restore``: the gateway-side restore loop over the reply (``reply_filter``), its own
   state the turns it adds (``Restoring`` -> ``Outcome``).
 - ``account``: one counter increment with the request's log record.

@@ -1,10 +1,13 @@
 """Forward: the rendered context as a streaming chat request to the replica the route picks.
 
-Failover to another replica happens only before the first chunk (``router.with_failover``):
-``open`` returns once a replica's first chunk is in hand, which is when the upstream has
-accepted the request; the replica's success is reported once the reply is read to its end
-(``router.reading_reply``, in the restore loop). A replica that refuses the context as too
-long gets the overflow ladder: CliffCompaction's rungs over the rendering, smaller each
+Failover to another replica happens only while nothing reached the client
+(``router.with_failover``). A replica has accepted the request once its first chunk is in
+hand (``accepted`` stores the history then); ``open`` returns then for a streaming client,
+and once the whole reply is read for one that waits for it, so a reply that breaks before
+its end is taken over by another replica (and ``accepted`` runs again for that one). The
+replica's success is reported once the reply is read to its end (``router.reading_reply``,
+in the restore loop). A replica that refuses the context as too long gets the overflow
+ladder: CliffCompaction's rungs over the rendering, smaller each
 time, until one is taken.
 With no configured upstream model, the replicas' one served model is used (discovered
 once from ``/v1/models``).
@@ -13,6 +16,7 @@ once from ``/v1/models``).
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +39,11 @@ from router.replica import Replica
 _CONTEXT_TOO_LONG = re.compile(
     r"maximum context length|maximum model length|context length|prompt is too long", re.I
 )
+
+
+# What the request path does once a replica accepted the request (its first chunk in hand):
+# store the history. It may run again, for the replica that takes a broken reply over.
+Accepted = Callable[[Replica], Awaitable[None]]
 
 
 def context_too_long(exc: UpstreamError) -> bool:
@@ -88,17 +97,21 @@ class Forward:
         return body
 
     async def models(self) -> list[dict[str, Any]]:
-        """What the replicas serve (the first healthy replica that answers)."""
+        """What the replicas serve: the listing of the first healthy replica that lists a
+        model (one that answers an error or no listing is skipped); none: empty."""
         for replica in self.pool.healthy():
             try:
-                return list((await self.upstream.get_json(f"{replica.url}/v1/models"))["data"])
-            except (UpstreamError, OSError, ValueError, KeyError):
+                served = await self.upstream.served_models(replica.url)
+            except UpstreamError:
                 continue
+            if served:
+                return served
         return []
 
     async def discover_model(self) -> None:
         """With no configured upstream model, use the replicas' one model when they serve
-        one; then the context guard learns its window."""
+        one (until a replica lists one, the client's model goes upstream); then the
+        context guard learns its window."""
         if self.upstream_model is None and not self._model_discovered:
             served = await self.models()
             self._model_discovered = bool(served)
@@ -107,30 +120,53 @@ class Forward:
         await self.guard.learn(self.upstream_model)
 
     async def send(
-        self, ingested: Ingested, rendering: Rendering, body: dict[str, Any], hints: RouteHints
+        self,
+        ingested: Ingested,
+        rendering: Rendering,
+        body: dict[str, Any],
+        hints: RouteHints,
+        accepted: Accepted,
     ) -> Opened:
         """Open the upstream with ``body`` (``rendering`` as ``body`` built it); a replica
         that refuses it as too long gets the overflow ladder."""
         try:
-            replica, stream = await self.open(ingested, body, hints)
+            replica, stream = await self.open(ingested, body, hints, accepted)
         except UpstreamError as exc:
             if not context_too_long(exc):
                 raise
-            return await self.open_compacted(ingested, rendering, exc, hints)
+            return await self.open_compacted(ingested, rendering, exc, hints, accepted)
         return Opened(replica, stream, rendering.tokens, rendering.stats, 0)
 
     async def open(
-        self, ingested: Ingested, body: dict[str, Any], hints: RouteHints | None = None
+        self,
+        ingested: Ingested,
+        body: dict[str, Any],
+        hints: RouteHints | None = None,
+        accepted: Accepted | None = None,
     ) -> tuple[Replica, ChatStream]:
-        """Route and open the upstream stream, failing over before the first chunk.
-        ``hints`` (the rendered prompt's size, the session's assignment) go to the policy."""
+        """Route and open the upstream stream, failing over while nothing reached the
+        client; ``accepted`` runs once a replica's first chunk is in hand. ``hints`` (the
+        rendered prompt's size, the session's assignment) go to the policy."""
 
         async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
             try:
-                return replica, await self.upstream.open_chat_stream(replica.url, body)
+                stream = await self.upstream.open_chat_stream(replica.url, body)
             except UpstreamError as exc:
                 metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
                 raise
+            try:
+                if accepted is not None:
+                    await accepted(replica)
+                if not ingested.stream:
+                    # A client that waits for the whole reply has seen nothing of it until
+                    # it is read to its end: read it here, where a break still fails over.
+                    await stream.read_whole()
+            except BaseException as exc:
+                stream.close()  # the store refused it, or it broke: the replica stops
+                if isinstance(exc, UpstreamError):
+                    metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
+                raise
+            return replica, stream
 
         return await with_failover(
             self.policy,
@@ -144,7 +180,12 @@ class Forward:
         )
 
     async def open_compacted(
-        self, ingested: Ingested, rendering: Rendering, refusal: UpstreamError, hints: RouteHints
+        self,
+        ingested: Ingested,
+        rendering: Rendering,
+        refusal: UpstreamError,
+        hints: RouteHints,
+        accepted: Accepted,
     ) -> Opened:
         """The upstream refused the context as too long: walk CliffCompaction's ladder over
         the rendering, retrying with each smaller rung until one is accepted. A rung keeps
@@ -157,7 +198,7 @@ class Forward:
             metrics.OVERFLOW_RETRIES.inc()
             try:
                 replica, stream = await self.open(
-                    ingested, self.body(ingested, rung.transcript), hints
+                    ingested, self.body(ingested, rung.transcript), hints, accepted
                 )
             except UpstreamError as exc:
                 if not context_too_long(exc):

@@ -10,9 +10,10 @@ no upstream serves a request whose history cannot be kept.
 
 ``store_history`` writes the history (append only, idempotent, forks kept) together with
 the replica assignment the route chose, in one atomic write, once an upstream accepted the
-request (its first chunk is in hand). A request that fails before that (upstream error,
-no replica, context overflow given up, a crash, a client gone) leaves the store as it
-was: the client will send those turns again.
+request (its first chunk is in hand); again, appending nothing, when another replica
+takes over a non-streaming reply that broke. A request that fails before that (upstream
+error, no replica, context overflow given up, a crash, a client gone) leaves the store as
+it was: the client will send those turns again.
 """
 
 from __future__ import annotations

@@ -33,10 +33,13 @@ def hints(
     )
 
 
-def assignment(policy: RoutingPolicy, ingested: Ingested, replica: Replica) -> Assign | None:
+def assignment(
+    policy: RoutingPolicy, ingested: Ingested, replica: Replica, expected: str | None
+) -> Assign | None:
     """The assignment to write with the history: the replica that accepted the request,
-    when the tenant's policy keeps sessions on replicas."""
+    in place of ``expected`` (as read, or as the last write left it), when the tenant's
+    policy keeps sessions on replicas."""
     policy = policy.policy_for(ingested.tenant)
     if not isinstance(policy, AssignedSessionPolicy):
         return None
-    return Assign(replica.url, expected=ingested.found.assignment, ttl_s=policy.ttl_s)
+    return Assign(replica.url, expected=expected, ttl_s=policy.ttl_s)

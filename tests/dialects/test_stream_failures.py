@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
+from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from tests.gateway.conftest import running_gateway
-from tests.gateway.test_faults import BreakingUpstream
 
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "x"}]},
@@ -31,7 +31,7 @@ def last_event(text: str) -> dict[str, Any]:
 async def test_an_upstream_error_event_ends_each_stream_in_its_dialects_shape(
     path: str, tmp_path
 ) -> None:
-    fake = await BreakingUpstream([], break_with=["error"]).start()
+    fake = await FakeUpstream([ScriptedReply(breaks="error")]).start()
     config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/store.db", replicas=(fake.url,))
     try:
         async with running_gateway(config) as url, httpx.AsyncClient(timeout=30) as client:

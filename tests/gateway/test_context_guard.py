@@ -28,6 +28,7 @@ from gateway.fold.bound import Renderers, bounded
 from gateway.fold.cliff import Cliff
 from gateway.fold.compose import Composed
 from gateway.transcript import Transcript, text_message
+from gateway.upstream import UpstreamError
 from loadtests.fake_upstream import FakeUpstream
 from router.replica import Replica
 from tests.gateway.conftest import running_gateway
@@ -120,7 +121,9 @@ def cliff_of(renderer: Any) -> Cliff:
 
 
 async def test_the_smallest_window_and_failed_replicas_asked_again() -> None:
-    guard, fetched = guard_over({"http://a": 32_768, "http://b": OSError("down")})
+    guard, fetched = guard_over(
+        {"http://a": 32_768, "http://b": UpstreamError("down", retryable=True)}
+    )
     await guard.learn("m")
     assert guard.window() == 32_768
     await guard.learn("m")

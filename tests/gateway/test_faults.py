@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import signal
 import time
@@ -23,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.cpu.replicas import free_ports
@@ -146,42 +144,14 @@ async def test_a_replica_failing_repeatedly_is_taken_out_and_comes_back(gateway_
     assert counter(metrics, "foldgate_router_breaker_opened_total", state) == 1
 
 
-class BreakingUpstream(FakeUpstream):
-    """The fake upstream, with two more faults after the first chunk: ``break_with`` holds,
-    per request, "drop" (the connection is cut) or "error" (an error event, as vLLM sends
-    when generation fails); None streams as scripted."""
-
-    def __init__(self, script: list[ScriptedReply], break_with: list[str | None]) -> None:
-        super().__init__(script)
-        self.break_with = list(break_with)
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        fault = self.break_with.pop(0) if self.break_with else None
-        if fault is None:
-            return await super()._chat(request)
-        body = await request.json()
-        self.requests.append(body)
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        first = self.chunks(ScriptedReply(), self.prompt_tokens(body))[0]
-        await resp.write(f"data: {json.dumps(first)}\n\n".encode())
-        if fault == "drop":
-            assert request.transport is not None
-            request.transport.abort()
-        else:
-            error = {"error": {"message": "engine failed", "type": "InternalServerError"}}
-            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
-            await resp.write_eof()
-        return resp
-
-
 async def test_replies_breaking_off_after_the_first_chunk_take_the_replica_out(
     store_url: str, client: httpx.AsyncClient
 ) -> None:
     """An idle timeout between chunks, a dropped connection and an error event, each after
     the first chunk: three failures in a row of one replica, which its breaker takes out."""
     stalls = ScriptedReply(content="x" * 40, chunk_delay_s=1.0)  # past the idle timeout
-    fake = await BreakingUpstream([stalls], break_with=[None, "drop", "error"]).start()
+    script = [stalls, ScriptedReply(breaks="drop"), ScriptedReply(breaks="error")]
+    fake = await FakeUpstream(script).start()
     config = GatewayConfig(
         store_url=store_url,
         replicas=(fake.url,),
