@@ -27,10 +27,11 @@ import pytest
 from aiohttp import web
 
 from gateway.config import DEFAULT_TENANT, GatewayConfig
+from gateway.exposure import ReplicaLabels
 from gateway.upstream import UpstreamClient, UpstreamError, parse_chunk
 from loadtests.fake_upstream import FAKE_MODEL, FakeUpstream, ScriptedReply
 from tests.gateway.conftest import running_gateway, store_at
-from tests.gateway.test_faults import DIALECTS, Dialect, counter, user
+from tests.gateway.test_faults import DIALECTS, SECRET, Dialect, counter, user
 
 FAILURES = 3  # the breaker's failures in a row
 REQUESTS = 2 * FAILURES + 1  # in turn: the faulty replica is tried first in all but one
@@ -57,6 +58,7 @@ async def faulty_beside_healthy(
         probe_interval_s=0.5,
         breaker_failures=FAILURES,
         breaker_open_s=30.0,
+        cache_salt_secret=SECRET,
         **overrides,
     )
     try:
@@ -85,7 +87,7 @@ async def streamed(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
 async def breaker(client: httpx.AsyncClient, url: str, replica: str) -> tuple[float, float]:
     """The replica's breaker state (2: open) and how often it opened."""
     metrics = (await client.get(f"{url}/metrics")).text
-    state = {"replica": replica}
+    state = {"replica": ReplicaLabels(SECRET).label(replica)}  # /metrics shows no URL
     return (
         counter(metrics, "foldgate_router_breaker_state", state),
         counter(metrics, "foldgate_router_breaker_opened_total", state) or 0,
