@@ -158,9 +158,27 @@ class Histories(ABC):
         packed = [codec.pack_message(m) for m in messages]
         await self.store_gateway_turns(tenant, session, branch, after_index, packed)
 
-    async def list_sessions(self, tenant: str) -> list[str]:
-        """The tenant's live sessions, least recently used first."""
-        return await self.live_sessions(check_id("tenant", tenant))
+    async def list_sessions(
+        self,
+        tenant: str,
+        *,
+        newest_first: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[str]:
+        """The tenant's live sessions, least recently used first (``newest_first``: most
+        recently used first), sessions used at the same time by name; a page of them with
+        ``after`` (the sessions after that one in this order: ``NotFound`` when it is not a
+        live session) and ``limit`` (at most that many). A session used between two pages
+        moves to the front: a listing in progress may miss or repeat it."""
+        check_id("tenant", tenant)
+        if after is not None:
+            check_id("session", after)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        return await self.live_sessions(tenant, newest_first, after, limit)
 
     async def delete_session(self, tenant: str, session: str) -> bool:
         """Remove everything stored for a session; False if there was nothing."""
@@ -212,8 +230,10 @@ class Histories(ABC):
         ``after_index`` is not one of its messages, ``SessionTooLarge`` over the store's cap."""
 
     @abstractmethod
-    async def live_sessions(self, tenant: str) -> list[str]:
-        """``list_sessions`` with a checked tenant."""
+    async def live_sessions(
+        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
+    ) -> list[str]:
+        """``list_sessions`` with checked arguments."""
 
     @abstractmethod
     async def drop_session(self, tenant: str, session: str) -> bool:

@@ -238,13 +238,28 @@ class RedisHistories(Histories):
         if kind == b"too_large":
             raise too_large(tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes)
 
-    async def live_sessions(self, tenant: str) -> list[str]:
-        index = self.db.keys.index(tenant)
+    async def live_sessions(
+        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
+    ) -> list[str]:
+        # The index orders sessions by last use, then by name, as ``list_sessions`` pages.
+        index, client = self.db.keys.index(tenant), self.db.client
+        rank_of, page = (
+            (client.zrevrank, client.zrevrange)
+            if newest_first
+            else (
+                client.zrank,
+                client.zrange,
+            )
+        )
         async with self.db.guard():
-            pipe = self.db.client.pipeline(transaction=False)
-            pipe.zremrangebyscore(index, "-inf", (time.time() - self.ttl_s) * 1000)
-            pipe.zrange(index, 0, -1)
-            _, names = await pipe.execute()
+            await client.zremrangebyscore(index, "-inf", (time.time() - self.ttl_s) * 1000)
+            start = 0
+            if after is not None:
+                rank = await rank_of(index, after)
+                if rank is None:
+                    raise NotFound(f"no session {after!r} to list after")
+                start = rank + 1
+            names = await page(index, start, -1 if limit is None else start + limit - 1)
         return [n.decode() for n in names]
 
     async def drop_session(self, tenant: str, session: str) -> bool:

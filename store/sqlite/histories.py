@@ -182,15 +182,30 @@ class SQLiteHistories(Histories):
 
         await self.db.run(write, write=True, quick=True)
 
-    async def live_sessions(self, tenant: str) -> list[str]:
+    async def live_sessions(
+        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
+    ) -> list[str]:
+        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+
         def listing(conn: sqlite3.Connection) -> list[str]:
             cutoff = time.time() - self.ttl_s
             for (sid,) in conn.execute(
                 "SELECT id FROM sessions WHERE tenant=? AND used<?", (tenant, cutoff)
             ).fetchall():
                 purge(conn, sid)
+            where, args = "tenant=?", [tenant]
+            if after is not None:
+                row = conn.execute(
+                    "SELECT used FROM sessions WHERE tenant=? AND session=?", (tenant, after)
+                ).fetchone()
+                if row is None:
+                    raise NotFound(f"no session {after!r} to list after")
+                where += f" AND (used {beyond} ? OR (used = ? AND session {beyond} ?))"
+                args += [row[0], row[0], after]
             rows = conn.execute(
-                "SELECT session FROM sessions WHERE tenant=? ORDER BY used", (tenant,)
+                f"SELECT session FROM sessions WHERE {where} "
+                f"ORDER BY used {order}, session {order} LIMIT ?",
+                [*args, -1 if limit is None else limit],
             )
             return [str(r[0]) for r in rows]
 

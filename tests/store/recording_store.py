@@ -61,8 +61,10 @@ class RecordingStore(SessionStore):
     ) -> None:
         self._called("store_gateway_turns", tenant, session, branch, after_index, packed)
 
-    async def live_sessions(self, tenant: str) -> list[str]:
-        self._called("live_sessions", tenant)
+    async def live_sessions(
+        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
+    ) -> list[str]:
+        self._called("live_sessions", tenant, newest_first, after, limit)
         return []
 
     async def drop_session(self, tenant: str, session: str) -> bool:

@@ -76,6 +76,9 @@ async def test_bad_arguments_of_each_contract_are_refused_before_the_backend() -
         (store.set_assignment("t", "s", "r1", expected=None, ttl_s=0), "ttl_s must be positive"),
         (store.put_reply("t", "", b"x"), "reply"),
         (store.get_reply("t", "a\x00b"), "reply"),
+        (store.list_sessions("t", after=""), "session must be a non-empty string"),
+        (store.list_sessions("t", limit=0), "limit must be a positive int"),
+        (store.list_sessions("t", limit=True), "limit must be a positive int"),  # type: ignore[arg-type]
     ]
     for call, message in refusals:
         with pytest.raises(ValueError, match=message):

@@ -247,6 +247,29 @@ async def test_listing_and_deletion(store: SessionStore, tenant: str) -> None:
     assert (r.branch_id, r.appended) == (0, 3)
 
 
+async def test_sessions_are_listed_in_pages_by_last_use(store: SessionStore, tenant: str) -> None:
+    names = [f"s{i}" for i in range(7)]
+    for name in names:
+        await store.ingest(tenant, name, history(2))
+    await store.load(tenant, "s2")  # used again: now the most recent
+    by_use = [n for n in names if n != "s2"] + ["s2"]
+    assert await store.list_sessions(tenant) == by_use
+    for newest_first, order in ((True, by_use[::-1]), (False, by_use)):
+        pages, after = [], None
+        while True:
+            page = await store.list_sessions(
+                tenant, newest_first=newest_first, after=after, limit=3
+            )
+            if not page:
+                break
+            pages.append(page)
+            after = page[-1]
+        assert pages == [order[:3], order[3:6], order[6:]]
+    assert await store.list_sessions(tenant, newest_first=True, limit=2) == ["s2", "s6"]
+    with pytest.raises(NotFound, match="no session 'gone' to list after"):
+        await store.list_sessions(tenant, after="gone")
+
+
 async def test_ttl_expires_unused_sessions(make_store: StoreFactory, tenant: str) -> None:
     s = make_store(ttl_s=0.6)
     try:
