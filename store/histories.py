@@ -86,6 +86,15 @@ class StoredHistory:
     fork_index: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """A page of a tenant's sessions (``Histories.session_page``)."""
+
+    sessions: list[str]
+    next: str | None
+    """The cursor of the page after this one (``after``); None when this one is the last."""
+
+
 class Histories(ABC):
     """Session histories. The public methods check their arguments and pack the sent
     messages (through ``digest_cache``), then call the backend's hooks (``store_history``,
@@ -158,27 +167,24 @@ class Histories(ABC):
         packed = [codec.pack_message(m) for m in messages]
         await self.store_gateway_turns(tenant, session, branch, after_index, packed)
 
-    async def list_sessions(
-        self,
-        tenant: str,
-        *,
-        newest_first: bool = False,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> list[str]:
-        """The tenant's live sessions, least recently used first (``newest_first``: most
-        recently used first), sessions used at the same time by name; a page of them with
-        ``after`` (the sessions after that one in this order: ``NotFound`` when it is not a
-        live session) and ``limit`` (at most that many). A session used between two pages
-        moves to the front: a listing in progress may miss or repeat it."""
+    async def list_sessions(self, tenant: str) -> list[str]:
+        """The tenant's live sessions, least recently used first."""
+        return await self.live_sessions(check_id("tenant", tenant))
+
+    async def session_page(self, tenant: str, limit: int, after: str | None = None) -> SessionPage:
+        """At most ``limit`` of the tenant's live sessions, most recently used first (then by
+        name), from where the cursor ``after`` (a page's ``next``) left off. The cursor is a
+        position in that order, not a session: reading a page's sessions uses them (they
+        move to the front), and the next page still starts where this one ended. A session
+        used between two pages moves to the front: a listing in progress misses it."""
         check_id("tenant", tenant)
-        if after is not None:
-            check_id("session", after)
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
-        return await self.live_sessions(tenant, newest_first, after, limit)
+        position = None if after is None else _position(after)
+        rows = await self.page_sessions(tenant, limit + 1, position)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return SessionPage([name for name, _ in rows], _cursor(rows[-1]) if more else None)
 
     async def delete_session(self, tenant: str, session: str) -> bool:
         """Remove everything stored for a session; False if there was nothing."""
@@ -230,11 +236,33 @@ class Histories(ABC):
         ``after_index`` is not one of its messages, ``SessionTooLarge`` over the store's cap."""
 
     @abstractmethod
-    async def live_sessions(
-        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
-    ) -> list[str]:
-        """``list_sessions`` with checked arguments."""
+    async def live_sessions(self, tenant: str) -> list[str]:
+        """``list_sessions`` with a checked tenant."""
+
+    @abstractmethod
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        """``session_page``'s read: at most ``limit`` (name, last use) of the tenant's live
+        sessions, the most recent first (ties by name, descending), after the position
+        ``after`` (last use, name) when given."""
 
     @abstractmethod
     async def drop_session(self, tenant: str, session: str) -> bool:
         """``delete_session`` with checked arguments (the digest cache already forgot it)."""
+
+
+def _cursor(row: tuple[str, float]) -> str:
+    """A position in ``session_page``'s order: last use, then the name (which may hold any
+    character; the number never holds a ``:``)."""
+    name, used = row
+    return f"{used!r}:{name}"
+
+
+def _position(cursor: str) -> tuple[float, str]:
+    used, _, name = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+    try:
+        position = float(used)
+    except ValueError:
+        raise ValueError(f"not a session cursor: {str(cursor)[:80]!r}") from None
+    return position, check_id("session", name)

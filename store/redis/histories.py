@@ -238,29 +238,36 @@ class RedisHistories(Histories):
         if kind == b"too_large":
             raise too_large(tenant, session, int(reply[1]), int(reply[2]), self.max_session_bytes)
 
-    async def live_sessions(
-        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
-    ) -> list[str]:
-        # The index orders sessions by last use, then by name, as ``list_sessions`` pages.
-        index, client = self.db.keys.index(tenant), self.db.client
-        rank_of, page = (
-            (client.zrevrank, client.zrevrange)
-            if newest_first
-            else (
-                client.zrank,
-                client.zrange,
-            )
-        )
+    async def live_sessions(self, tenant: str) -> list[str]:
+        index = self.db.keys.index(tenant)
         async with self.db.guard():
-            await client.zremrangebyscore(index, "-inf", (time.time() - self.ttl_s) * 1000)
-            start = 0
-            if after is not None:
-                rank = await rank_of(index, after)
-                if rank is None:
-                    raise NotFound(f"no session {after!r} to list after")
-                start = rank + 1
-            names = await page(index, start, -1 if limit is None else start + limit - 1)
+            pipe = self.db.client.pipeline(transaction=False)
+            pipe.zremrangebyscore(index, "-inf", (time.time() - self.ttl_s) * 1000)
+            pipe.zrange(index, 0, -1)
+            _, names = await pipe.execute()
         return [n.decode() for n in names]
+
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        # The index scores sessions by last use (ms); equal scores order by name.
+        index, client = self.db.keys.index(tenant), self.db.client
+        oldest = (time.time() - self.ttl_s) * 1000
+        async with self.db.guard():
+            if after is None:
+                rows = await client.zrevrangebyscore(
+                    index, "+inf", oldest, start=0, num=limit, withscores=True
+                )
+            else:
+                used, name = after
+                pipe = client.pipeline(transaction=False)
+                pipe.zrevrangebyscore(index, used, used, withscores=True)
+                pipe.zrevrangebyscore(
+                    index, f"({used!r}", oldest, start=0, num=limit, withscores=True
+                )
+                ties, older = await pipe.execute()
+                rows = [r for r in ties if r[0].decode() < name] + older
+        return [(n.decode(), float(score)) for n, score in rows[:limit]]
 
     async def drop_session(self, tenant: str, session: str) -> bool:
         keys = [*self.db.keys.session(tenant, session), self.db.keys.assignment(tenant, session)]

@@ -182,34 +182,36 @@ class SQLiteHistories(Histories):
 
         await self.db.run(write, write=True, quick=True)
 
-    async def live_sessions(
-        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
-    ) -> list[str]:
-        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-
+    async def live_sessions(self, tenant: str) -> list[str]:
         def listing(conn: sqlite3.Connection) -> list[str]:
             cutoff = time.time() - self.ttl_s
             for (sid,) in conn.execute(
                 "SELECT id FROM sessions WHERE tenant=? AND used<?", (tenant, cutoff)
             ).fetchall():
                 purge(conn, sid)
-            where, args = "tenant=?", [tenant]
-            if after is not None:
-                row = conn.execute(
-                    "SELECT used FROM sessions WHERE tenant=? AND session=?", (tenant, after)
-                ).fetchone()
-                if row is None:
-                    raise NotFound(f"no session {after!r} to list after")
-                where += f" AND (used {beyond} ? OR (used = ? AND session {beyond} ?))"
-                args += [row[0], row[0], after]
             rows = conn.execute(
-                f"SELECT session FROM sessions WHERE {where} "
-                f"ORDER BY used {order}, session {order} LIMIT ?",
-                [*args, -1 if limit is None else limit],
+                "SELECT session FROM sessions WHERE tenant=? ORDER BY used", (tenant,)
             )
             return [str(r[0]) for r in rows]
 
         return await self.db.run(listing, write=True)
+
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        def page(conn: sqlite3.Connection) -> list[tuple[str, float]]:
+            where, args = "tenant=? AND used>=?", [tenant, time.time() - self.ttl_s]
+            if after is not None:
+                where += " AND (used < ? OR (used = ? AND session < ?))"
+                args += [after[0], after[0], after[1]]
+            rows = conn.execute(
+                f"SELECT session, used FROM sessions WHERE {where} "
+                "ORDER BY used DESC, session DESC LIMIT ?",
+                [*args, limit],
+            )
+            return [(str(name), float(used)) for name, used in rows]
+
+        return await self.db.run(page)
 
     async def drop_session(self, tenant: str, session: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:

@@ -61,10 +61,14 @@ class RecordingStore(SessionStore):
     ) -> None:
         self._called("store_gateway_turns", tenant, session, branch, after_index, packed)
 
-    async def live_sessions(
-        self, tenant: str, newest_first: bool, after: str | None, limit: int | None
-    ) -> list[str]:
-        self._called("live_sessions", tenant, newest_first, after, limit)
+    async def live_sessions(self, tenant: str) -> list[str]:
+        self._called("live_sessions", tenant)
+        return []
+
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        self._called("page_sessions", tenant, limit, after)
         return []
 
     async def drop_session(self, tenant: str, session: str) -> bool:

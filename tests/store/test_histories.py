@@ -252,22 +252,19 @@ async def test_sessions_are_listed_in_pages_by_last_use(store: SessionStore, ten
     for name in names:
         await store.ingest(tenant, name, history(2))
     await store.load(tenant, "s2")  # used again: now the most recent
-    by_use = [n for n in names if n != "s2"] + ["s2"]
-    assert await store.list_sessions(tenant) == by_use
-    for newest_first, order in ((True, by_use[::-1]), (False, by_use)):
-        pages, after = [], None
-        while True:
-            page = await store.list_sessions(
-                tenant, newest_first=newest_first, after=after, limit=3
-            )
-            if not page:
-                break
-            pages.append(page)
-            after = page[-1]
-        assert pages == [order[:3], order[3:6], order[6:]]
-    assert await store.list_sessions(tenant, newest_first=True, limit=2) == ["s2", "s6"]
-    with pytest.raises(NotFound, match="no session 'gone' to list after"):
-        await store.list_sessions(tenant, after="gone")
+    newest_first = ["s2", *(n for n in reversed(names) if n != "s2")]
+    pages, after = [], None
+    while True:
+        page = await store.session_page(tenant, 3, after)
+        pages.append(page.sessions)
+        for name in page.sessions:  # reading them uses them: the cursor still holds
+            await store.load(tenant, name)
+        if page.next is None:
+            break
+        after = page.next
+    assert pages == [newest_first[:3], newest_first[3:6], newest_first[6:]]
+    whole = await store.session_page(tenant, 7)
+    assert whole.next is None and len(whole.sessions) == 7
 
 
 async def test_ttl_expires_unused_sessions(make_store: StoreFactory, tenant: str) -> None:
