@@ -197,13 +197,13 @@ def large_tools(tag: str) -> tuple[dict[str, Any], ...]:
 async def test_a_session_keeps_a_count_of_its_tools_not_their_schemas() -> None:
     guard, _ = guard_over({"http://a": WINDOW})
     await guard.learn("m")
-    guard.renderer("warm", "refold", request(1_000, large_tools("warm")))
+    guard.renderer(("acme", "warm"), "refold", request(1_000, large_tools("warm")))
     tracemalloc.start()
     try:
         for index in range(100):
             transcript = request(1_000, large_tools(f"s{index}"))
-            guard.renderer(f"s{index}", "refold", transcript)
-            guard.rendered(f"s{index}", 100, compacted=False)
+            guard.renderer(("acme", f"s{index}"), "refold", transcript)
+            guard.rendered(("acme", f"s{index}"), 100, compacted=False)
             del transcript  # the request is over: only what the guard keeps stays
         gc.collect()
         held = tracemalloc.get_traced_memory()[0]
@@ -212,7 +212,9 @@ async def test_a_session_keeps_a_count_of_its_tools_not_their_schemas() -> None:
     assert held / 100 < 1_000, held  # bytes per session, against 60 KB of schemas
     # The count still follows the schemas the session sends.
     fewer = large_tools("s0")[:10]
-    threshold_now = cliff_of(guard.renderer("s0", "refold", request(1_000, fewer))).threshold
+    threshold_now = cliff_of(
+        guard.renderer(("acme", "s0"), "refold", request(1_000, fewer))
+    ).threshold
     expected = threshold(WINDOW, 1_000, PRIOR_RATIO, tools_estimate(request(tools=fewer)))
     assert threshold_now == expected
 
