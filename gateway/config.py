@@ -120,8 +120,9 @@ class GatewayConfig:
     """Seconds between health probes (and metrics scrapes) of each replica, and between
     re-resolutions of ``replica_dns``; two failed probes in a row take a replica out."""
     decode_cache_bytes: int = 128 * 1024 * 1024
-    """Session text the per-session decode cache keeps, in bytes as the gateway estimates
-    them (4 per estimated token); the least recently used sessions are dropped past it."""
+    """Memory the per-session decode cache keeps, as estimated from each session's messages,
+    tool calls and text (``gateway.request_cache.entry_bytes``, measured); the least recently
+    used sessions are dropped past it."""
     digest_cache_bytes: int = 64 * 1024 * 1024
     """What the store's digest cache remembers of sessions' last requests (packed messages
     and their text, so that only a request's new messages are encoded and hashed), in

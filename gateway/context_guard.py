@@ -50,6 +50,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+import xxhash
+
 from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec
@@ -92,6 +95,12 @@ def tools_estimate(transcript: Transcript) -> int:
     return len(json.dumps(list(transcript.tools), ensure_ascii=False).encode()) // BYTES_PER_TOKEN
 
 
+def tools_digest(transcript: Transcript) -> int:
+    """A digest of the tool schemas, for a session to notice they changed without keeping
+    them (tens of KB per session, for thousands of sessions)."""
+    return xxhash.xxh3_64_intdigest(orjson.dumps(list(transcript.tools))) if transcript.tools else 0
+
+
 def window_of(models: Any, model: str | None) -> int | None:
     """A ``/v1/models`` answer's ``max_model_len`` for ``model`` (the smallest listed when
     ``model`` is None or not listed); None when no entry reports one."""
@@ -117,8 +126,8 @@ class _Session:
     reply: int = 0  # the reply room ``threshold`` was derived with
     compacted: bool = False
     sent: int | None = None  # estimate of the last request sent (messages + tools)
-    tools: int = 0  # estimate of ``schemas``
-    schemas: tuple[Mapping[str, Any], ...] = ()
+    tools: int = 0  # estimate of the tool schemas
+    tools_digest: int = 0  # ``tools_digest`` of them
 
 
 class ContextGuard:
@@ -190,8 +199,9 @@ class ContextGuard:
         if window is None:
             return None
         session = self._session(key)
-        if transcript.tools != session.schemas:
-            session.schemas, session.tools = transcript.tools, tools_estimate(transcript)
+        digest = tools_digest(transcript)
+        if digest != session.tools_digest:
+            session.tools_digest, session.tools = digest, tools_estimate(transcript)
         tools = session.tools
         ratio = session.ratio or rounded_ratio(max(self._recent, default=PRIOR_RATIO))
         reply = reply_room(window, transcript.params.get("max_tokens"))

@@ -32,9 +32,19 @@ from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
-# A session's entry holds its text about twice: the decoded messages (their store dicts
-# share the strings) and the upstream JSON of its last rendering (``MessageMemo``).
-TEXT_COPIES = 2
+# What a session's entry keeps alive (``entry_bytes``), measured with tracemalloc over
+# histories of long tool outputs and of many short messages, by
+# tests/gateway/test_request_cache.py, which fails when the charge drifts. Each message
+# costs objects however short its text: its raw dict, the ``Message`` and its parts tuple,
+# its store dict, its memo entry and upstream encoding (~1.1 KB); a tool call its
+# ``ToolCall``, its raw and encoded call dicts and its issued id (~0.9 KB more). Its text
+# 1.2 times: the raw and decoded strings are one object (the decoder keeps the raw
+# ``str``); the upstream JSON of the last rendering (``MessageMemo``) adds what the
+# strategy left of it.
+ENTRY_BYTES = 2048
+MESSAGE_BYTES = 1100
+TOOL_CALL_BYTES = 900
+TEXT_BYTE_FACTOR = 1.2
 # The first raw messages (system prompt, task) name a conversation when no id is sent.
 _KEY_MESSAGES = 2
 
@@ -219,13 +229,27 @@ class DecodeCache:
                 running.append(total)
             ends.append(len(messages))
         memo.next_request()
+        size = entry_bytes(
+            len(head.transcript.messages) + len(messages), len(issued), head.tokens + total
+        )
         self._sessions.put(
-            key,
-            _Previous(head, raw, ends, messages, stored, running, issued, memo),
-            (head.tokens + total) * BYTES_PER_TOKEN * TEXT_COPIES,
+            key, _Previous(head, raw, ends, messages, stored, running, issued, memo), size
         )
         transcript = envelope.with_messages((*head.transcript.messages, *messages))
         return Decoded(transcript, head.stored + stored, head.tokens + total, memo)
+
+
+def entry_bytes(messages: int, tool_calls: int, tokens: int) -> int:
+    """What the LRU charges for a session's entry: its estimated memory, in bytes, for a
+    history of ``messages`` decoded messages holding ``tool_calls`` calls and ``tokens``
+    estimated tokens of text (see ``MESSAGE_BYTES``)."""
+    text = tokens * BYTES_PER_TOKEN
+    return (
+        ENTRY_BYTES
+        + messages * MESSAGE_BYTES
+        + tool_calls * TOOL_CALL_BYTES
+        + int(text * TEXT_BYTE_FACTOR)
+    )
 
 
 def _digest(raw: list[Any]) -> str:

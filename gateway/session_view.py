@@ -72,15 +72,20 @@ async def summary(store: SessionStore, tenant: str, session: str) -> dict[str, A
     }
 
 
-async def summaries(store: SessionStore, tenant: str) -> list[dict[str, Any]]:
-    """The tenant's sessions, most recently used first (one that expires meanwhile is left out)."""
+async def summaries(
+    store: SessionStore, tenant: str, limit: int, after: str | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of at most ``limit`` of the tenant's sessions, most recently used first, from
+    the cursor ``after`` (one that expires meanwhile is left out), and the next page's cursor
+    (None after the last page)."""
+    page = await store.session_page(tenant, limit, after)
     out = []
-    for session in reversed(await store.list_sessions(tenant)):
+    for session in page.sessions:
         try:
             out.append(await summary(store, tenant, session))
         except NotFound:
             continue
-    return out
+    return out, page.next
 
 
 async def detail(

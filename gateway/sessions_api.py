@@ -35,6 +35,9 @@ from gateway.identity import resolve_tenant, session_id
 from gateway.pipeline import Pipeline
 from store import NotFound, StoreUnavailable
 
+# Sessions per page of ``GET /v1/sessions`` (``limit``): each costs a few store reads.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 UI_FILES = {"": ("index.html", "text/html"), "inspector.js": ("inspector.js", "text/javascript")}
 RENDER_SUFFIX = b"/render"
 # The largest request or branch number: what the store's integer columns hold.
@@ -88,9 +91,32 @@ class SessionEndpoints:
         return routes
 
     async def list_sessions(self, request: Request) -> Response:
+        """A page of the tenant's sessions, most recently used first, in OpenAI's list shape:
+        ``limit`` of them (default ``DEFAULT_PAGE``, at most ``MAX_PAGE``) from the cursor
+        ``after`` (the previous page's ``next_cursor``); ``has_more`` says whether more follow."""
+
         async def build(tenant: str) -> dict[str, Any]:
-            data = await session_view.summaries(self.pipeline().store, tenant)
-            return {"object": "list", "data": data}
+            limit = int_param(request, "limit", required=False)
+            limit = DEFAULT_PAGE if limit is None else limit
+            if not 1 <= limit <= MAX_PAGE:
+                raise DialectError(
+                    f"limit must be between 1 and {MAX_PAGE}, got {limit}", param="limit"
+                )
+            store = self.pipeline().store
+            try:
+                data, cursor = await session_view.summaries(
+                    store, tenant, limit, request.query_params.get("after")
+                )
+            except ValueError as exc:  # not a cursor this API gave
+                raise DialectError(str(exc), param="after") from exc
+            return {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": cursor is not None,
+                "next_cursor": cursor,
+            }
 
         return await self.answer(request, build)
 

@@ -81,7 +81,14 @@ def sessions(ctx: click.Context, url: str, api_key: str | None) -> None:
 @click.pass_obj
 def list_command(gateway: Gateway, as_json: bool) -> None:
     """One line per session, most recently used first."""
-    data = gateway.get("/v1/sessions")["data"]
+    data: list[dict[str, Any]] = []
+    after = None
+    while True:  # the API's pages, each from the cursor the previous one gave
+        page = gateway.get("/v1/sessions", after=after)
+        data += page["data"]
+        if not page["has_more"]:
+            break
+        after = page["next_cursor"]
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

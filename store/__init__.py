@@ -3,7 +3,7 @@ and kept replies, behind one small contract per concern and a backend per URL sc
 
 from store.assignments import Assign, Assignments
 from store.errors import NotFound, SessionTooLarge, StoreError, StoreUnavailable
-from store.histories import Histories, IngestResult, Lookup, StoredHistory
+from store.histories import Histories, IngestResult, Lookup, SessionPage, StoredHistory
 from store.ledger import Charge, HeldLease, LeaseClaim, Ledger, Refusal
 from store.registry import default_sqlite_path, open_store
 from store.replies import KeptReplies
@@ -22,6 +22,7 @@ __all__ = [
     "Lookup",
     "NotFound",
     "Refusal",
+    "SessionPage",
     "SessionStore",
     "SessionTooLarge",
     "StoreError",

@@ -86,6 +86,15 @@ class StoredHistory:
     fork_index: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """A page of a tenant's sessions (``Histories.session_page``)."""
+
+    sessions: list[str]
+    next: str | None
+    """The cursor of the page after this one (``after``); None when this one is the last."""
+
+
 class Histories(ABC):
     """Session histories. The public methods check their arguments and pack the sent
     messages (through ``digest_cache``), then call the backend's hooks (``store_history``,
@@ -162,6 +171,21 @@ class Histories(ABC):
         """The tenant's live sessions, least recently used first."""
         return await self.live_sessions(check_id("tenant", tenant))
 
+    async def session_page(self, tenant: str, limit: int, after: str | None = None) -> SessionPage:
+        """At most ``limit`` of the tenant's live sessions, most recently used first (then by
+        name), from where the cursor ``after`` (a page's ``next``) left off. The cursor is a
+        position in that order, not a session: reading a page's sessions uses them (they
+        move to the front), and the next page still starts where this one ended. A session
+        used between two pages moves to the front: a listing in progress misses it."""
+        check_id("tenant", tenant)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        position = None if after is None else _position(after)
+        rows = await self.page_sessions(tenant, limit + 1, position)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return SessionPage([name for name, _ in rows], _cursor(rows[-1]) if more else None)
+
     async def delete_session(self, tenant: str, session: str) -> bool:
         """Remove everything stored for a session; False if there was nothing."""
         check_id("tenant", tenant)
@@ -216,5 +240,29 @@ class Histories(ABC):
         """``list_sessions`` with a checked tenant."""
 
     @abstractmethod
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        """``session_page``'s read: at most ``limit`` (name, last use) of the tenant's live
+        sessions, the most recent first (ties by name, descending), after the position
+        ``after`` (last use, name) when given."""
+
+    @abstractmethod
     async def drop_session(self, tenant: str, session: str) -> bool:
         """``delete_session`` with checked arguments (the digest cache already forgot it)."""
+
+
+def _cursor(row: tuple[str, float]) -> str:
+    """A position in ``session_page``'s order: last use, then the name (which may hold any
+    character; the number never holds a ``:``)."""
+    name, used = row
+    return f"{used!r}:{name}"
+
+
+def _position(cursor: str) -> tuple[float, str]:
+    used, _, name = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+    try:
+        position = float(used)
+    except ValueError:
+        raise ValueError(f"not a session cursor: {str(cursor)[:80]!r}") from None
+    return position, check_id("session", name)

@@ -364,7 +364,9 @@ register(
         takes_fold_mode=True,
         # It keeps the rendered prefix as new message objects with their derived fields
         # (digests, token counts, stub index): 6x the text of bench/memory.py's sessions,
-        # 7.3x of short source lines; charged 7x.
+        # 7.3x of short source lines; charged 7x. And per message however short its text
+        # (its objects): ~300-600 B over histories of many one-line messages; charged 400.
         cache_bytes_per_text_byte=7.0,
+        cache_bytes_per_message=400,
     )
 )

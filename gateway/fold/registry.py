@@ -39,7 +39,8 @@ class Strategy:
     override them). ``needs_budget``: refused without a token budget. ``takes_fold_mode``:
     it takes ReFold's fold mode (``Settings.fold``; the fold header only matters then).
     ``cache_bytes_per_text_byte``: what its per-session cache keeps alive per byte of the
-    history's text (measured; tests/gateway/test_lru.py fails when it drifts).
+    history's text, and ``cache_bytes_per_message`` per message however short its text (its
+    objects) (both measured; tests/gateway/test_lru.py fails when they drift).
     """
 
     name: str
@@ -48,6 +49,7 @@ class Strategy:
     needs_budget: bool = False
     takes_fold_mode: bool = False
     cache_bytes_per_text_byte: float = 0.0
+    cache_bytes_per_message: int = 0
     options: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:

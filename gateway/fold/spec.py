@@ -66,6 +66,11 @@ class StrategySpec:
         """What the session's renderer cache keeps per byte of history text: each part's."""
         return sum(s.cache_bytes_per_text_byte for s in self.strategies)
 
+    @property
+    def cache_bytes_per_message(self) -> int:
+        """What the session's renderer cache keeps per history message: each part's."""
+        return sum(s.cache_bytes_per_message for s in self.strategies)
+
 
 def _valid() -> str:
     return ", ".join(names())

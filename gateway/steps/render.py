@@ -29,12 +29,17 @@ from gateway.transcript import Transcript
 CACHE_ENTRY_BYTES = 512
 
 
-def cache_memory(strategy: str | StrategySpec, history_tokens: int) -> int:
+def cache_memory(strategy: str | StrategySpec, history_tokens: int, messages: int = 0) -> int:
     """What the LRU charges for a session's renderer cache: its estimated memory, in bytes,
-    for a history of ``history_tokens`` estimated tokens (each strategy registers what its
-    cache keeps per byte of history text; a composition keeps each part's cache)."""
-    per_byte = parse_spec(strategy).cache_bytes_per_text_byte
-    return CACHE_ENTRY_BYTES + int(history_tokens * BYTES_PER_TOKEN * per_byte)
+    for a history of ``messages`` messages of ``history_tokens`` estimated tokens (each
+    strategy registers what its cache keeps per byte of history text and per message; a
+    composition keeps each part's cache)."""
+    spec = parse_spec(strategy)
+    return (
+        CACHE_ENTRY_BYTES
+        + messages * spec.cache_bytes_per_message
+        + int(history_tokens * BYTES_PER_TOKEN * spec.cache_bytes_per_text_byte)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,5 +137,5 @@ class Render:
         accepted leaves the session's cache as it was."""
         if prepared.render_cache is not None and prepared.branch is not None:
             key = (prepared.tenant, prepared.session, prepared.branch, prepared.strategy)
-            charge = cache_memory(prepared.strategy, prepared.raw_tokens)
+            charge = cache_memory(prepared.strategy, prepared.raw_tokens, len(prepared.history))
             self._sessions.put(key, prepared.render_cache, charge)

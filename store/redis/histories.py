@@ -247,6 +247,28 @@ class RedisHistories(Histories):
             _, names = await pipe.execute()
         return [n.decode() for n in names]
 
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        # The index scores sessions by last use (ms); equal scores order by name.
+        index, client = self.db.keys.index(tenant), self.db.client
+        oldest = (time.time() - self.ttl_s) * 1000
+        async with self.db.guard():
+            if after is None:
+                rows = await client.zrevrangebyscore(
+                    index, "+inf", oldest, start=0, num=limit, withscores=True
+                )
+            else:
+                used, name = after
+                pipe = client.pipeline(transaction=False)
+                pipe.zrevrangebyscore(index, used, used, withscores=True)
+                pipe.zrevrangebyscore(
+                    index, f"({used!r}", oldest, start=0, num=limit, withscores=True
+                )
+                ties, older = await pipe.execute()
+                rows = [r for r in ties if r[0].decode() < name] + older
+        return [(n.decode(), float(score)) for n, score in rows[:limit]]
+
     async def drop_session(self, tenant: str, session: str) -> bool:
         keys = [*self.db.keys.session(tenant, session), self.db.keys.assignment(tenant, session)]
         async with self.db.guard():

@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, session TEXT NOT NULL,
   head INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0, used REAL NOT NULL,
   UNIQUE (tenant, session));
+-- A page of a tenant's sessions by last use (``list_sessions``) reads only that page.
+CREATE INDEX IF NOT EXISTS sessions_used ON sessions (tenant, used, session);
 CREATE TABLE IF NOT EXISTS branches (
   sid INTEGER, branch INTEGER, parent INTEGER, fork INTEGER, length INTEGER,
   PRIMARY KEY (sid, branch)) WITHOUT ROWID;

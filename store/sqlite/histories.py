@@ -196,6 +196,23 @@ class SQLiteHistories(Histories):
 
         return await self.db.run(listing, write=True)
 
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        def page(conn: sqlite3.Connection) -> list[tuple[str, float]]:
+            where, args = "tenant=? AND used>=?", [tenant, time.time() - self.ttl_s]
+            if after is not None:
+                where += " AND (used < ? OR (used = ? AND session < ?))"
+                args += [after[0], after[0], after[1]]
+            rows = conn.execute(
+                f"SELECT session, used FROM sessions WHERE {where} "
+                "ORDER BY used DESC, session DESC LIMIT ?",
+                [*args, limit],
+            )
+            return [(str(name), float(used)) for name, used in rows]
+
+        return await self.db.run(page)
+
     async def drop_session(self, tenant: str, session: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM assignments WHERE tenant=? AND session=?", (tenant, session))

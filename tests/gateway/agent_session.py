@@ -80,3 +80,15 @@ async def drive(client: httpx.AsyncClient, url: str, headers: dict | None = None
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"session never showed {STEPS} requests: {resp.text}")
+
+
+async def started(client, url: str, sessions: list[str], headers: dict | None = None) -> None:
+    """One request in each of ``sessions``, in this order (the last is the most recent)."""
+    body = {"model": "m", "messages": history(0), "tools": TOOLS}
+    for session in sessions:
+        resp = await client.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"x-session-id": session, **(headers or {})},
+        )
+        assert resp.status_code == 200, resp.text

@@ -4,7 +4,9 @@ vLLM does)."""
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
@@ -179,6 +181,42 @@ async def test_threshold_follows_calibration_until_the_session_compacts() -> Non
     assert lowered == threshold(WINDOW, 1_000, rounded_ratio(1.4), 0)
     with_tools = cliff_of(guard.renderer(("acme", "s"), "refold", request(1_000, TOOLS))).threshold
     assert with_tools == lowered - tools_estimate(request(tools=TOOLS))
+
+
+def large_tools(tag: str) -> tuple[dict[str, Any], ...]:
+    """~60 KB of tool schemas of their own (a harness with many documented tools)."""
+    return tuple(
+        {
+            "type": "function",
+            "function": {"name": f"{tag}_tool{i}", "description": f"{tag} {i} " + "d" * 1_000},
+        }
+        for i in range(60)
+    )
+
+
+async def test_a_session_keeps_a_count_of_its_tools_not_their_schemas() -> None:
+    guard, _ = guard_over({"http://a": WINDOW})
+    await guard.learn("m")
+    guard.renderer(("acme", "warm"), "refold", request(1_000, large_tools("warm")))
+    tracemalloc.start()
+    try:
+        for index in range(100):
+            transcript = request(1_000, large_tools(f"s{index}"))
+            guard.renderer(("acme", f"s{index}"), "refold", transcript)
+            guard.rendered(("acme", f"s{index}"), 100, compacted=False)
+            del transcript  # the request is over: only what the guard keeps stays
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held / 100 < 1_000, held  # bytes per session, against 60 KB of schemas
+    # The count still follows the schemas the session sends.
+    fewer = large_tools("s0")[:10]
+    threshold_now = cliff_of(
+        guard.renderer(("acme", "s0"), "refold", request(1_000, fewer))
+    ).threshold
+    expected = threshold(WINDOW, 1_000, PRIOR_RATIO, tools_estimate(request(tools=fewer)))
+    assert threshold_now == expected
 
 
 async def test_usage_without_a_guarded_render_calibrates_nothing() -> None:

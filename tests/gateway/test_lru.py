@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,29 @@ def agent_session(tag: str, steps: int) -> list[dict]:
     return messages
 
 
-async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, int, int]:
-    """With only ``cache`` ("decode" or "render") on: (bytes it charged, bytes its entries
-    keep alive: what tracemalloc sees freed when they are dropped, entries) after 4
-    sessions of 2 requests each."""
+def short_messages(tag: str, steps: int) -> list[dict]:
+    """An agent's history of many tool calls answered by one-line outputs."""
+    messages = [
+        {"role": "system", "content": "a coding agent"},
+        {"role": "user", "content": f"{tag}: list what changed"},
+    ]
+    for step in range(steps * 16):
+        call = {"id": f"c{step}", "type": "function"}
+        call["function"] = {"name": "bash", "arguments": f'{{"cmd": "stat f{step}"}}'}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{step}", "content": f"{tag} f{step}"})
+    return messages
+
+
+async def memory_held(
+    cache: str,
+    strategy: str,
+    tmp_path: Path,
+    history: Callable[[str, int], list[dict]] = agent_session,
+) -> tuple[int, int, int]:
+    """With only ``cache`` ("decode", "render" or "digest") on: (bytes it charged, bytes its
+    entries keep alive: what tracemalloc sees freed when they are dropped, entries) after 4
+    sessions of 2 requests each (``history(tag, steps)``)."""
     unbounded = 1 << 40
     config = GatewayConfig(
         store_url=f"sqlite:///{tmp_path}/{cache}-{strategy}.db",
@@ -107,16 +127,21 @@ async def memory_held(cache: str, strategy: str, tmp_path: Path) -> tuple[int, i
         budget=4_000 if "cliff" in strategy else None,
         decode_cache_bytes=unbounded if cache == "decode" else 0,
         render_cache_bytes=unbounded if cache == "render" else 0,
+        digest_cache_bytes=unbounded if cache == "digest" else 0,
     )
     store = open_store(config.store_url)
     pool, policy = ReplicaPool(("http://127.0.0.1:9",)), make_policy("round_robin")
     pipeline = Pipeline(config, store, pool, policy, UpstreamClient())
-    lru = pipeline.decoder.cache._sessions if cache == "decode" else pipeline.render._sessions
+    lru = {
+        "decode": pipeline.decoder.cache._sessions,
+        "render": pipeline.render._sessions,
+        "digest": store.digest_cache._seen,
+    }[cache]
 
     async def session(tag: str) -> None:
         for steps in (6, 12):
             headers = {"x-session-id": tag}
-            body = {"model": "m", "messages": agent_session(tag, steps)}
+            body = {"model": "m", "messages": history(tag, steps)}
             ingested = await ingest(pipeline, OPENAI, body, headers)
             rendering = pipeline.rendered(ingested)
             # The upstream body, as the request path builds it (the decode cache's memo keeps
@@ -154,6 +179,15 @@ async def test_caches_charge_the_memory_their_entries_keep_alive(
     """The byte bounds mean memory: what a cache charges for its entries is within a margin
     of what they keep alive (measured here; the renderers' factors are set from this)."""
     charged, freed, _ = await memory_held(cache, strategy, tmp_path)
+    assert 0.75 <= charged / freed <= 1.5, (charged, freed)
+
+
+@pytest.mark.parametrize(("cache", "strategy"), [("render", "refold"), ("digest", "base")])
+async def test_many_short_messages_are_charged_what_they_keep_alive(
+    cache: str, strategy: str, tmp_path: Path
+) -> None:
+    """Each message's objects cost memory however short its text: the charge counts them."""
+    charged, freed, _ = await memory_held(cache, strategy, tmp_path, short_messages)
     assert 0.75 <= charged / freed <= 1.5, (charged, freed)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import gc
+import tracemalloc
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,11 +27,10 @@ from gateway.fold.renderer import estimate_tokens
 from gateway.identity import identify
 from gateway.pipeline import Pipeline
 from gateway.request_cache import (
-    BYTES_PER_TOKEN,
-    TEXT_COPIES,
     DecodeCache,
     Decoded,
     MessageMemo,
+    entry_bytes,
     session_ids,
 )
 from gateway.tenants import hash_key
@@ -223,7 +225,10 @@ def test_sessions_are_kept_apart_and_the_cache_is_bounded_by_bytes() -> None:
     evictions = metrics.CACHE_EVICTIONS.labels(cache="decode")
     before = evictions._value.get()
     # room for one session's text, not two
-    cache = DecodeCache(max_bytes=one.tokens * BYTES_PER_TOKEN * TEXT_COPIES * 3 // 2)
+    calls = sum(len(m.tool_calls) for m in one.transcript.messages)
+    cache = DecodeCache(
+        max_bytes=entry_bytes(len(one.transcript.messages), calls, one.tokens) * 3 // 2
+    )
     a = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["a"], tenant=TENANT).transcript
     b = cache.decode(OPENAI, chat(copy.deepcopy(HISTORY)), ["b"], tenant=TENANT).transcript
     assert b.messages[0] is not a.messages[0]
@@ -364,3 +369,69 @@ async def test_the_pipeline_keys_decoding_by_the_callers_tenant(tmp_path: Path) 
         assert len(pipeline.decoder.cache) == 2
     finally:
         await pipeline.store.close()
+
+
+def tool_outputs(tag: str, steps: int) -> list[dict[str, Any]]:
+    """An agent's history of tool calls, each answered by a distinct ~16 KB output."""
+    history = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"{tag} go"}]
+    for step in range(steps):
+        source = "\n".join(f"{i:6d}\tdef {tag}_f{step}_{i}(x): return x * {i}" for i in range(400))
+        history += [call(f"c{step}"), result(f"c{step}", source)]
+    return history
+
+
+def short_chat(tag: str, steps: int) -> list[dict[str, Any]]:
+    """A chat of many one-line messages."""
+    history = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"{tag} hi"}]
+    for step in range(steps):
+        history.append({"role": "assistant", "content": f"{tag} step {step}: done, next?"})
+        history.append({"role": "user", "content": f"{tag} ok {step}"})
+    return history
+
+
+def short_tool_calls(tag: str, steps: int) -> list[dict[str, Any]]:
+    """An agent's history of many tool calls with one-line outputs."""
+    history = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"{tag} go"}]
+    for step in range(steps):
+        history += [call(f"c{step}"), result(f"c{step}", f"{tag} file{step}.py")]
+    return history
+
+
+@pytest.mark.parametrize(
+    ("shape", "steps"), [(tool_outputs, 8), (short_chat, 150), (short_tool_calls, 150)]
+)
+async def test_the_charge_is_the_memory_an_entry_keeps_alive(
+    shape: Callable[[str, int], list[dict[str, Any]]], steps: int, tmp_path: Path
+) -> None:
+    """The decode cache's byte bound means memory for long and for many short messages: what
+    it charges is within a margin of what its entries keep alive (what tracemalloc sees
+    freed when they are dropped), the memo's upstream JSON included."""
+    config = GatewayConfig(store_url=f"sqlite:///{tmp_path}/s.db", render_cache_bytes=0)
+    pipeline = Pipeline(config, open_store(config.store_url), *_offline(config))
+    lru = pipeline.decoder.cache._sessions
+
+    async def session(tag: str) -> None:
+        for length in (steps // 2, steps):
+            body = chat(shape(tag, length))
+            ingested = await ingest(pipeline, OPENAI, body, {"x-session-id": tag})
+            rendering = pipeline.rendered(ingested)
+            pipeline.forward.body(ingested, rendering.transcript)
+            await pipeline.store_history(ingested, rendering, None)
+
+    try:
+        await session("warm")  # imports and first-use allocations
+        tracemalloc.start()
+        try:
+            for tag in ("a", "b", "c"):
+                await session(tag)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            charged = lru.size
+            lru.clear()
+            gc.collect()
+            freed = held - tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    finally:
+        await pipeline.store.close()
+    assert 0.75 <= charged / freed <= 1.5, (charged, freed)

@@ -12,7 +12,7 @@ from gateway.cli import main
 from gateway.config import GatewayConfig
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import ScriptedReply
-from tests.gateway.agent_session import SESSION, STEPS, TOOLS, drive, history
+from tests.gateway.agent_session import SESSION, STEPS, TOOLS, drive, history, started
 
 
 def texts(upstream_messages: list[dict]) -> list[tuple[str, str]]:
@@ -149,3 +149,34 @@ def test_the_page_is_switched_on_by_config_env_or_flag(monkeypatch, tmp_path):
     assert GatewayConfig.load(config_file).ui is False
     assert GatewayConfig.load(config_file, ui=True).ui is True  # what --ui passes
     assert "--ui" in CliRunner().invoke(main, ["serve", "--help"]).output
+
+
+async def test_sessions_are_listed_in_pages_newest_first(gateway_with_fake, client):
+    names = [f"p{i}" for i in range(5)]
+    async with gateway_with_fake() as (url, _fake):
+        await started(client, url, names)
+        pages, after = [], None
+        while True:
+            query = {"limit": 2} if after is None else {"limit": 2, "after": after}
+            page = (await client.get(f"{url}/v1/sessions", params=query)).json()
+            ids = [s["id"] for s in page["data"]]
+            assert page["object"] == "list"
+            assert (page["first_id"], page["last_id"]) == (ids[0], ids[-1])
+            pages.append(ids)
+            if not page["has_more"]:
+                break
+            after = page["next_cursor"]
+        assert pages == [["p4", "p3"], ["p2", "p1"], ["p0"]]
+        # The default page holds all; reading the pages used their sessions, the last read
+        # (p0) most recently.
+        whole = (await client.get(f"{url}/v1/sessions")).json()
+        assert [s["id"] for s in whole["data"]] == names and whole["has_more"] is False
+        for query, status in (
+            ("limit=0", 400),
+            ("limit=1001", 400),
+            ("limit=x", 400),
+            ("after=nope", 400),
+        ):
+            resp = await client.get(f"{url}/v1/sessions?{query}")
+            assert resp.status_code == status, (query, resp.text)
+            assert resp.json()["error"]["param"] == query.split("=")[0]

@@ -7,9 +7,10 @@ import json
 
 from click.testing import CliRunner
 
+from gateway import sessions_api
 from gateway.cli import main
 from gateway.tenants import hash_key
-from tests.gateway.agent_session import SESSION, STEPS, drive
+from tests.gateway.agent_session import SESSION, STEPS, drive, started
 
 
 async def cli(*args: str) -> tuple[int, str]:
@@ -39,6 +40,16 @@ async def test_list_and_show_print_the_sessions_figures(gateway_with_fake, clien
         assert code == 1 and "404: no session 'nope'" in other
         code, denied = await cli("--url", url, "list")
         assert code == 1 and "401: invalid or missing API key" in denied
+
+
+async def test_list_follows_the_pages(gateway_with_fake, client, monkeypatch):
+    monkeypatch.setattr(sessions_api, "DEFAULT_PAGE", 2)
+    names = [f"p{i}" for i in range(5)]
+    async with gateway_with_fake() as (url, _fake):
+        await started(client, url, names)
+        code, raw = await cli("--url", url, "list", "--json")
+    assert code == 0, raw
+    assert [s["id"] for s in json.loads(raw)] == names[::-1]
 
 
 async def test_an_unreachable_gateway_is_reported():

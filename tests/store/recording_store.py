@@ -65,6 +65,12 @@ class RecordingStore(SessionStore):
         self._called("live_sessions", tenant)
         return []
 
+    async def page_sessions(
+        self, tenant: str, limit: int, after: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        self._called("page_sessions", tenant, limit, after)
+        return []
+
     async def drop_session(self, tenant: str, session: str) -> bool:
         self._called("drop_session", tenant, session)
         return False

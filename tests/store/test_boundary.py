@@ -21,6 +21,7 @@ CALLS: dict[str, Call] = {
     "load": lambda s, t: s.load(t, "s"),
     "append_gateway_turns": lambda s, t: s.append_gateway_turns(t, "s", 0, 0, [msg("user", "x")]),
     "list_sessions": lambda s, t: s.list_sessions(t),
+    "session_page": lambda s, t: s.session_page(t, 10),
     "delete_session": lambda s, t: s.delete_session(t, "s"),
     "add_counts": lambda s, t: s.add_counts(t, "s", 0, {"requests": 1}, token="r1"),
     "get_log": lambda s, t: s.get_log(t, "s", 0),
@@ -76,6 +77,10 @@ async def test_bad_arguments_of_each_contract_are_refused_before_the_backend() -
         (store.set_assignment("t", "s", "r1", expected=None, ttl_s=0), "ttl_s must be positive"),
         (store.put_reply("t", "", b"x"), "reply"),
         (store.get_reply("t", "a\x00b"), "reply"),
+        (store.session_page("t", 0), "limit must be a positive int"),
+        (store.session_page("t", True), "limit must be a positive int"),
+        (store.session_page("t", 5, after="s"), "not a session cursor"),
+        (store.session_page("t", 5, after="1.5:"), "session must be a non-empty string"),
     ]
     for call, message in refusals:
         with pytest.raises(ValueError, match=message):

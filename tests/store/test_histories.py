@@ -247,6 +247,26 @@ async def test_listing_and_deletion(store: SessionStore, tenant: str) -> None:
     assert (r.branch_id, r.appended) == (0, 3)
 
 
+async def test_sessions_are_listed_in_pages_by_last_use(store: SessionStore, tenant: str) -> None:
+    names = [f"s{i}" for i in range(7)]
+    for name in names:
+        await store.ingest(tenant, name, history(2))
+    await store.load(tenant, "s2")  # used again: now the most recent
+    newest_first = ["s2", *(n for n in reversed(names) if n != "s2")]
+    pages, after = [], None
+    while True:
+        page = await store.session_page(tenant, 3, after)
+        pages.append(page.sessions)
+        for name in page.sessions:  # reading them uses them: the cursor still holds
+            await store.load(tenant, name)
+        if page.next is None:
+            break
+        after = page.next
+    assert pages == [newest_first[:3], newest_first[3:6], newest_first[6:]]
+    whole = await store.session_page(tenant, 7)
+    assert whole.next is None and len(whole.sessions) == 7
+
+
 async def test_ttl_expires_unused_sessions(make_store: StoreFactory, tenant: str) -> None:
     s = make_store(ttl_s=0.6)
     try:
