@@ -98,9 +98,9 @@ async def test_restore_round_trip_inside_the_serve_replica(ray_serve_gateway, re
             health = await client.get(f"{url}/health")
             assert health.json()["healthy_replicas"] == [fake.url]
             body = {"model": "m", "messages": tool_history(), "tools": [BASH]}
-            resp = await client.post(
-                f"{url}/v1/chat/completions", json=body, headers={"x-session-id": session}
-            )
+            # the paper's setting: the restore tool is offered from the first request
+            headers = {"x-session-id": session, "x-foldgate-fold": "on"}
+            resp = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
         assert resp.status_code == 200, resp.text
         message = resp.json()["choices"][0]["message"]
         assert message["content"] == "All done." and not message.get("tool_calls")

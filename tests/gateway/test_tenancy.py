@@ -126,7 +126,8 @@ async def test_a_restore_reads_only_the_tenants_own_history(gateway_with_fake, c
             resp = await client.post(
                 f"{url}/v1/chat/completions",
                 json={"model": "m", "messages": history},
-                headers={**headers, "x-session-id": "t1"},
+                # the paper's setting: restores are offered from the first request
+                headers={**headers, "x-session-id": "t1", "x-foldgate-fold": "on"},
             )
             assert resp.status_code == 200, resp.text
         restored = fake.requests[2]["messages"][-1]["content"]
