@@ -87,7 +87,7 @@ def _call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
     """A call's JSON arguments and its shell command; non-JSON text is taken as a command."""
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # a string of 100,000 "[" is valid JSON text
         return {}, arguments
     if not isinstance(args, dict):
         return {}, None

@@ -182,6 +182,6 @@ def _call_spec(call: dict[str, Any]) -> str:
     arguments = call["function"]["arguments"] or "{}"
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # a string of 100,000 "[" is valid JSON text
         return arguments
     return str(args.get("steps", "")) if isinstance(args, dict) else str(args)
