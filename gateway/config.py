@@ -74,8 +74,8 @@ class GatewayConfig:
     """Conversation items (messages, Responses input items) one request may hold; more get
     a 413 before any is decoded, since every later step (decode, digest, render, the
     upstream body) costs time per item on the event loop. The longest recorded agent runs
-    send under 500; at the limit a request still holds the loop about 0.5 s (measured on
-    2 cores), far below the 2.3 s of 50,000."""
+    send under 500 (20x margin); a request at the limit still holds the loop a fifth as
+    long as one of 50,000 did."""
     upstream_timeout_s: float = 600.0
     """Seconds to wait for a replica's first chunk (queueing and prefill); a generation may
     then run as long as chunks keep coming (``upstream_idle_timeout_s``)."""
