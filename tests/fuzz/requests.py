@@ -329,7 +329,7 @@ def space_line_in_reply() -> Request:
     return Request(orjson.dumps(_chat(messages)), kind="spaces")
 
 
-def many_messages(count: int = 50_000) -> Request:
+def many_messages(count: int = 200_000) -> Request:
     messages = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(count)
     ]
@@ -360,7 +360,7 @@ def long_strategy_header(parts: int = 5_000) -> Request:
 PATHOLOGICAL: dict[str, tuple[str, Callable[[], Request]]] = {
     "slash line in a tool output": ("openai", slash_line_in_tool_output),
     "space line in an assistant message": ("openai", space_line_in_reply),
-    "50,000 messages": ("openai", many_messages),
+    "200,000 messages": ("openai", many_messages),
     "100,000 [ in tool-call arguments": ("openai", deep_string_in_arguments),
     "100,000 [ in Responses call arguments": ("responses", deep_string_in_responses_arguments),
     "strategy header of 5,000 parts": ("openai", long_strategy_header),

@@ -26,7 +26,7 @@ from tests.fuzz.exchange import post
 from tests.fuzz.requests import DIALECTS, PATHOLOGICAL
 from tests.fuzz.test_fuzz import fake, judge, sqlite_writes  # noqa: F401 (fixture)
 
-# Generous for a loaded 2-core machine: the refused 50,000 messages still cost a parse.
+# Generous for a loaded 2-core machine: the refused 200,000 messages still cost a parse.
 STALL_S = 2.0
 
 
