@@ -70,6 +70,12 @@ class GatewayConfig:
     """Model name sent upstream; unset: the one model the replicas serve, else the client's."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one is a 413."""
+    max_messages: int = 10_000
+    """Conversation items (messages, Responses input items) one request may hold; more get
+    a 413 before any is decoded, since every later step (decode, digest, render, the
+    upstream body) costs time per item on the event loop. The longest recorded agent runs
+    send under 500 (20x margin); a request at the limit still holds the loop a fifth as
+    long as one of 50,000 did."""
     upstream_timeout_s: float = 600.0
     """Seconds to wait for a replica's first chunk (queueing and prefill); a generation may
     then run as long as chunks keep coming (``upstream_idle_timeout_s``)."""
@@ -180,6 +186,7 @@ def _from_env(name: str, raw: str) -> Any:
         "max_attempts",
         "max_concurrency",
         "header_connections_per_client",
+        "max_messages",
         "breaker_failures",
     }:
         return int(raw)

@@ -25,6 +25,7 @@ import xxhash
 
 from gateway import metrics
 from gateway.dialects.base import Dialect
+from gateway.dialects.errors import too_large
 from gateway.dialects.openai_chat import encode_message
 from gateway.dialects.volatile import without_volatile
 from gateway.lru import LRU
@@ -32,6 +33,7 @@ from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
+MAX_MESSAGES = 10_000  # GatewayConfig.max_messages
 # What a session's entry keeps alive (``entry_bytes``), measured with tracemalloc over
 # histories of long tool outputs and of many short messages, by
 # tests/gateway/test_request_cache.py, which fails when the charge drifts. Each message
@@ -176,8 +178,9 @@ class _Previous:
 class DecodeCache:
     """Incremental request decoding, per session (an LRU bounded by the text it holds)."""
 
-    def __init__(self, max_bytes: int = DECODE_CACHE_BYTES) -> None:
+    def __init__(self, max_bytes: int = DECODE_CACHE_BYTES, max_messages: int = MAX_MESSAGES):
         self._sessions: LRU[_Previous] = LRU(max_bytes, **metrics.cache_callbacks("decode"))
+        self.max_messages = max_messages
 
     def __len__(self) -> int:
         """Sessions kept."""
@@ -195,7 +198,7 @@ class DecodeCache:
         tenants would tell one tenant what another sent. The cache keeps ``body``'s
         message dicts: callers must not edit them afterwards.
         """
-        envelope, raw = dialect.decode_envelope(body)
+        envelope, raw = envelope_within(dialect, body, self.max_messages)
         key = (tenant, dialect.name, *ids, _digest(raw[:_KEY_MESSAGES]))
         previous = self._sessions.get(key)
         memo = previous.memo if previous is not None else MessageMemo()
@@ -281,14 +284,32 @@ def session_ids(headers: Mapping[str, str], body: Mapping[str, Any], header: str
     return [headers.get(header), *(repr(body.get(k)) for k in fields)]
 
 
-def continued(dialect: Dialect, body: Any, session: str, kept: Sequence[Message]) -> Decoded:
+def envelope_within(dialect: Dialect, body: Any, max_messages: int) -> tuple[Transcript, list[Any]]:
+    """``dialect.decode_envelope(body)``, refused (413) past ``max_messages`` items: each
+    costs time on the event loop in every later step, so the count bounds a request's."""
+    envelope, raw = dialect.decode_envelope(body)
+    if len(raw) > max_messages:
+        raise too_large(
+            f"request holds {len(raw)} conversation items, over the limit of {max_messages} "
+            "(max_messages)"
+        )
+    return envelope, raw
+
+
+def continued(
+    dialect: Dialect,
+    body: Any,
+    session: str,
+    kept: Sequence[Message],
+    max_messages: int = MAX_MESSAGES,
+) -> Decoded:
     """A request that sends only new items after a kept conversation (``kept``: its
     messages up to and including the reply it continues), decoded whole.
 
     The request's own leading messages (instructions) take the place of the kept ones when
     it has any; without, the kept ones stay, so that the history only grows.
     """
-    envelope, raw = dialect.decode_envelope(body)
+    envelope, raw = envelope_within(dialect, body, max_messages)
     issued = {c.id for m in kept for c in m.tool_calls}
     new = [m for index, item in enumerate(raw) for m in dialect.decode_item(item, index, issued)]
     lead = 0

@@ -182,6 +182,6 @@ def tool_input(arguments: str) -> dict[str, Any]:
     """``tool_use.input`` must be an object; arguments that are not one are kept as text."""
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # a string of 100,000 "[" is valid JSON text
         value = None
     return value if isinstance(value, dict) else {"_raw_arguments": arguments}

@@ -14,8 +14,8 @@ from typing import Any
 
 # A command that prints one file with its own line numbers (so numbers are file lines).
 _NUMBERING_COMMAND = re.compile(
-    r"(?:^|[\s;&|(])(?:cat\s+(?:-\w+\s+)*-\w*n\w*|nl(?:\s+-\w+)*)\s+(?:--\s+)?"
-    r"([^\s|;&<>'\"`$()]+)\s*(?:$|[|;&)])",
+    r"(?:^|[\s;&|(])(?:cat\s+(?:-\w++\s++)*-[^\Wn]*+n\w*+|nl(?:\s+-\w+)*)\s++(?:--\s++)?"
+    r"([^\s|;&<>'\"`$()]++)\s*(?:$|[|;&)])",
     re.MULTILINE,
 )
 # A command that prints (part of) one file as is, alone on its line or after `cd dir &&`:
@@ -87,7 +87,7 @@ def _call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
     """A call's JSON arguments and its shell command; non-JSON text is taken as a command."""
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # a string of 100,000 "[" is valid JSON text
         return {}, arguments
     if not isinstance(args, dict):
         return {}, None
@@ -104,7 +104,7 @@ def describe_producer(producer: Any) -> str | None:
     if producer is None:
         return None
     if isinstance(producer, str):
-        blocks = re.findall(r"```[^\n]*\n(.*?)```", producer, re.DOTALL)
+        blocks = _code_blocks(producer)
         lines = [line.strip() for line in (blocks[-1] if blocks else producer).split("\n")]
         lines = [line for line in lines if line]
         if not lines:
@@ -117,3 +117,18 @@ def describe_producer(producer: Any) -> str | None:
     # Long enough to tell calls apart, short because every stub naming the step repeats it.
     text = " ".join(text.split())
     return text if len(text) <= 48 else text[:45] + "..."
+
+
+def _code_blocks(text: str) -> list[str]:
+    """What ``re.findall(r"```[^\n]*\n(.*?)```", text, re.DOTALL)`` finds, by plain search:
+    the regex retries from every backtick of an unclosed run (quadratic in it)."""
+    blocks = []
+    at = 0
+    while (fence := text.find("```", at)) != -1:
+        newline = text.find("\n", fence + 3)
+        close = text.find("```", newline + 1) if newline != -1 else -1
+        if close == -1:
+            break  # no later fence can open a block either
+        blocks.append(text[newline + 1 : close])
+        at = close + 3
+    return blocks

@@ -22,10 +22,12 @@ FOLD_INSTRUCTION = (
     "commands, reply with the command `restore N` or `restore i-j`)."
 )
 
-# Optional bullet / quote, optional bold around the key and/or the colon, the key, the value.
+# Optional bullet / quote, optional bold around the key and/or the colon, the key, the value
+# up to the end of the line (``_value`` drops its closing bold). Possessive blanks and no
+# lazy value before an optional tail: linear in the line, a line of spaces included.
 _LINE = re.compile(
-    r"^[ \t]*(?:[-*>][ \t]+)?(?:\*\*|__)?[ \t]*(PROGRESS|STALE)[ \t]*(?:\*\*|__)?[ \t]*:"
-    r"[ \t]*(?:\*\*|__)?(.*?)[ \t]*(?:\*\*|__)?[ \t]*$",
+    r"^[ \t]*+(?:[-*>][ \t]++)?(?:\*\*|__)?[ \t]*+(PROGRESS|STALE)[ \t]*+(?:\*\*|__)?[ \t]*+:"
+    r"[ \t]*+(?:\*\*|__)?+(.*)",
     re.IGNORECASE | re.MULTILINE,
 )
 _STEP_RANGE = re.compile(r"(\d+)(?:\s*(?:-|–|—|\.\.|to)\s*(\d+))?", re.IGNORECASE)
@@ -49,12 +51,19 @@ def parse_reply(text: str) -> ProtocolReply:
     progress: str | None = None
     stale: tuple[tuple[int, int], ...] | None = None
     for match in _LINE.finditer(text):
-        key, value = match.group(1).upper(), match.group(2).strip()
+        key, value = match.group(1).upper(), _value(match.group(2)).strip()
         if key == "PROGRESS" and progress is None:
             progress = value
         elif key == "STALE" and stale is None:
             stale = parse_stale(value)
     return ProtocolReply(progress, stale)
+
+
+def _value(rest: str) -> str:
+    """A protocol line's value: the rest of the line without trailing blanks around one
+    closing ``**`` or ``__``."""
+    value = rest.rstrip(" \t")
+    return value[:-2].rstrip(" \t") if value.endswith(("**", "__")) else value
 
 
 def parse_stale(value: str) -> tuple[tuple[int, int], ...]:

@@ -19,7 +19,9 @@ RESTORE_TOOL_NAME = "restore"
 _CLASH_PREFIX = "foldgate_restore"
 
 _SPEC = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
-_ACTION = re.compile(r"^\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
+# Leading blanks within the line (``\s*`` would rescan a run of blank lines from each line
+# start of it: quadratic); a match through blank lines starts on the line of ``restore``.
+_ACTION = re.compile(r"^[^\S\n]*+restore\s+(\d+(?:\s*-\s*\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 def parse_restore_spec(spec: str) -> tuple[int, int]:

@@ -24,8 +24,9 @@ _FILE_HEADER = re.compile(r"\[File: (.+?) \(\d+ lines total\)\]\s*$")
 _CAT_N_HEADER = re.compile(r"Here's the result of running `cat -n` on (.+?):\s*$")
 _EDITED_FILE = re.compile(r"The file (\S+) has been (?:updated|edited)")
 # grep -n / ripgrep hits; the path must look like one (has a dot or slash, not all digits),
-# so that timestamps such as "15:18:53" are not taken for search results.
-_GREP_LINE = re.compile(r"([^\s:]*[./][^\s:]*):(\d+):(.*)", re.DOTALL)
+# so that timestamps such as "15:18:53" are not taken for search results. Up to its first
+# dot or slash, then the rest, each possessive: linear in a line of slashes.
+_GREP_LINE = re.compile(r"([^\s:./]*+[./][^\s:]*+):(\d+):(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +55,22 @@ def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
     window = False  # under a [File:] header: "12:code" / "12|code" lines are file lines
     run: _Run | None = None
     offset = 0
+    # The first edit notice of the output, searched once: the one a header below it names
+    # (the first in ``text[:end]`` is the first in ``text`` when it ends by ``end``).
+    edited = _EDITED_FILE.search(text)
     for line in text.split("\n"):
         end = offset + len(line)
         header = _FILE_HEADER.match(line)
-        cat_header = None if header else _CAT_N_HEADER.search(line)
+        # Only a line ending in a colon can be one: a search from every "Here's ..." of a
+        # line that is not would scan the rest of the line from each.
+        ends_colon = line.rstrip().endswith(":")
+        cat_header = None if header or not ends_colon else _CAT_N_HEADER.search(line)
         item = None if header or cat_header else _classify(line, window)
         if header:
             path, window = normalize_path(header.group(1)), True
         elif cat_header:
-            path = _cat_n_path(cat_header.group(1), text[:end]) or path_hint
+            notice = edited if edited is not None and edited.end() <= end else None
+            path = _cat_n_path(cat_header.group(1), notice) or path_hint
         if item is not None and run is not None and run.continues(item[0], item[1], item[2]):
             run.add(end, item[2], item[3])
         else:
@@ -73,9 +81,8 @@ def split_spans(text: str, path_hint: str | None = None) -> list[Span]:
     return spans
 
 
-def _cat_n_path(named: str, before: str) -> str | None:
+def _cat_n_path(named: str, edited: re.Match[str] | None) -> str | None:
     if "edited file" in named:
-        edited = _EDITED_FILE.search(before)
         return normalize_path(edited.group(1)) if edited else None
     return normalize_path(named)
 

@@ -35,7 +35,7 @@ class Decoder:
     def __init__(self, config: GatewayConfig, store: SessionStore) -> None:
         self.config = config
         self.store = store
-        self.cache = DecodeCache(config.decode_cache_bytes)
+        self.cache = DecodeCache(config.decode_cache_bytes, config.max_messages)
 
     async def read(self, request: Request) -> dict[str, Any]:
         """The request's JSON body, with the params header's fields it does not set."""
@@ -49,7 +49,7 @@ class Decoder:
         previous = dialect.continues(body) if isinstance(body, dict) else None
         if previous is not None:
             session, kept = await kept_conversation(self.store, tenant, previous)
-            return continued(dialect, body, session, kept)
+            return continued(dialect, body, session, kept, self.config.max_messages)
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )

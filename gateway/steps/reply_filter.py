@@ -18,8 +18,10 @@ from typing import Any
 from gateway.dialects.chunks import ChunkAccumulator
 
 _FENCE = "```"
+# ``\s`` takes newlines: one ``\s*`` per gap (``\s*\n?\s*`` matched the same, in time
+# quadratic in a run of blanks).
 _RESTORE_BLOCK = re.compile(
-    r"^\s*```[a-z]*\s*\n?\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*\n?\s*```\s*$", re.IGNORECASE
+    r"^\s*```[a-z]*\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*```\s*$", re.IGNORECASE
 )
 
 
@@ -180,6 +182,6 @@ def _call_spec(call: dict[str, Any]) -> str:
     arguments = call["function"]["arguments"] or "{}"
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # a string of 100,000 "[" is valid JSON text
         return arguments
     return str(args.get("steps", "")) if isinstance(args, dict) else str(args)

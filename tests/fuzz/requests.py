@@ -290,3 +290,78 @@ class Mutator:
         else:
             parent[key] = marker
         return Request(orjson.dumps(body).replace(f'"{marker}"'.encode(), raw, 1), kind=kind)
+
+
+# --- pathological shapes ---------------------------------------------------------------
+# Valid requests whose cost, in a naive gateway, grows faster than their size: each is
+# served or refused with a 4xx while other clients' requests go on (``test_stall.py``).
+
+LONG = 50_000  # characters of a long run; tens of thousands stalled the loop for minutes
+
+
+def _chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "m", "messages": messages}
+
+
+def _tool_turn(arguments: str, output: str) -> list[dict[str, Any]]:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "bash", "arguments": arguments},
+    }
+    return [
+        {"role": "user", "content": "fix the bug"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+
+
+def slash_line_in_tool_output() -> Request:
+    return Request(orjson.dumps(_chat(_tool_turn('{"command": "ls"}', "/" * LONG))), kind="slashes")
+
+
+def space_line_in_reply() -> Request:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": " " * LONG + "x"},
+        {"role": "user", "content": "go on"},
+    ]
+    return Request(orjson.dumps(_chat(messages)), kind="spaces")
+
+
+def many_messages(count: int = 200_000) -> Request:
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(count)
+    ]
+    return Request(orjson.dumps(_chat(messages)), kind="many-messages")
+
+
+def deep_string_in_arguments() -> Request:
+    """Valid JSON text (a string), so the depth check passes; its content nests 100,000 deep."""
+    return Request(orjson.dumps(_chat(_tool_turn("[" * 100_000, "ok"))), kind="deep-string")
+
+
+def deep_string_in_responses_arguments() -> Request:
+    items = [
+        {"type": "message", "role": "user", "content": "fix the bug"},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "[" * 100_000},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    return Request(orjson.dumps({"model": "m", "input": items}), kind="deep-string")
+
+
+def long_strategy_header(parts: int = 5_000) -> Request:
+    body = _chat([{"role": "user", "content": "hi"}])
+    header = (b"x-foldgate-strategy", b"+".join([b"refold", b"cliff"] * (parts // 2)))
+    return Request(orjson.dumps(body), [header], kind="long-strategy")
+
+
+# name -> (dialect, request)
+PATHOLOGICAL: dict[str, tuple[str, Callable[[], Request]]] = {
+    "slash line in a tool output": ("openai", slash_line_in_tool_output),
+    "space line in an assistant message": ("openai", space_line_in_reply),
+    "200,000 messages": ("openai", many_messages),
+    "100,000 [ in tool-call arguments": ("openai", deep_string_in_arguments),
+    "100,000 [ in Responses call arguments": ("responses", deep_string_in_responses_arguments),
+    "strategy header of 5,000 parts": ("openai", long_strategy_header),
+}

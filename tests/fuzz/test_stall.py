@@ -1,0 +1,112 @@
+"""No one request stalls the gateway for the others: each pathological shape
+(``requests.PATHOLOGICAL``: long runs, a huge message count, a deep string, a long strategy
+header) is sent through the gateway's app in this process while another client asks
+``/health`` every few milliseconds. The shape is served or refused with a 4xx in the
+dialect's shape (never a 5xx), a refusal leaves the store as it was, and the other
+client's requests wait at most ``STALL_S`` each (the shapes took 40 s to minutes before)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gateway.app
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from store import open_store
+from tests.fuzz.exchange import post
+from tests.fuzz.requests import DIALECTS, PATHOLOGICAL
+from tests.fuzz.test_fuzz import fake, judge, sqlite_writes  # noqa: F401 (fixture)
+
+# Generous for a loaded 2-core machine: the refused 200,000 messages still cost a parse.
+STALL_S = 2.0
+
+
+async def health(app: Any) -> int:
+    """``GET /health`` through the app; its status."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/health",
+        "raw_path": b"/health",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"fuzz")],
+        "client": ("127.0.0.2", 5001),
+        "server": ("127.0.0.1", 80),
+    }
+    done = asyncio.Event()
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    await app(scope, receive, send)
+    return status[0]
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("shape", list(PATHOLOGICAL))
+async def test_shape_beside_other_requests(shape, fake, request, monkeypatch):  # noqa: F811
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    folder = Path(tempfile.mkdtemp(prefix="foldgate-stall-", dir=root))
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    config = GatewayConfig(
+        store_url=f"sqlite:///{folder}/store.db",
+        replicas=(fake.url,),
+        probe_interval_s=3600,
+        default_tenant=f"stall-{uuid.uuid4().hex[:8]}",
+    )
+    monkeypatch.setattr(gateway.app, "open_store", functools.partial(open_store, timeout_s=30))
+    dialect_name, make = PATHOLOGICAL[shape]
+    big = make()
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        writes = sqlite_writes(folder / "store.db")
+        waits: list[float] = []
+        statuses: list[int] = []
+        served = asyncio.Event()
+
+        async def other_client() -> None:
+            while not served.is_set():
+                asked = time.perf_counter()
+                statuses.append(await health(app))
+                # The wait includes the loop's delay in waking this client at all.
+                await asyncio.sleep(0.005)
+                waits.append(time.perf_counter() - asked - 0.005)
+
+        prober = asyncio.create_task(other_client())
+        await asyncio.sleep(0.05)
+        await app.state.pipeline.drain()
+        before = writes()
+        answer = await post(app, DIALECTS[dialect_name].path, big.body, big.headers)
+        await app.state.pipeline.drain()
+        served.set()
+        await prober
+        wrote = writes() != before
+    status = answer.status or 0
+    problem = judge(dialect_name, answer)
+    assert problem is None, f"{shape}: {problem}: {status} {answer.body[:300]!r}"
+    assert status < 300 or 400 <= status < 500
+    if status >= 400:
+        assert not wrote, f"{shape}: refused ({status}) but the store changed"
+    assert set(statuses) == {200}
+    assert max(waits) < STALL_S, f"{shape}: another client waited {max(waits):.2f} s"
