@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from gateway.transcript import tool_name
 from store import SessionStore
 
 # Totals summed over the branch's requests.
@@ -81,12 +82,7 @@ class RequestRecord:
 
 def tool_names(tools: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     """The names of a request's tool schemas (OpenAI's nested or Anthropic's flat shape)."""
-    names = []
-    for tool in tools:
-        function = tool.get("function")
-        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
-        names.append(name if isinstance(name, str) else "?")
-    return tuple(names)
+    return tuple(name if isinstance(name := tool_name(tool), str) else "?" for tool in tools)
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -141,6 +141,13 @@ class Transcript:
         return replace(self, messages=tuple(messages))
 
 
+def tool_name(tool: Mapping[str, Any]) -> object:
+    """The name a tool schema declares (OpenAI's nested ``function`` or Anthropic's flat
+    shape), as sent: not necessarily a string."""
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, Mapping) else tool.get("name")
+
+
 def text_message(role: Role, text: str, **meta: Any) -> Message:
     return Message(role=role, parts=(Text(text),), meta=meta)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.fold.renderer import RenderState, step_indices
-from gateway.transcript import Transcript
+from gateway.transcript import Transcript, tool_name
 
 RESTORE_TOOL_NAME = "restore"
 # The names the gateway's tool takes when a harness has a tool of its own by that name.
@@ -64,7 +64,7 @@ def restore_tool_name(tools: Sequence[Mapping[str, Any]]) -> str:
     """The name of the gateway's restore tool beside the harness's ``tools``: ``restore``,
     or, when the harness has a tool of that name, the first free ``foldgate_restore``,
     ``foldgate_restore_2``, ...: a harness's own tool is never answered by the gateway."""
-    taken = {_tool_name(tool) for tool in tools}
+    taken = {tool_name(tool) for tool in tools}
     if RESTORE_TOOL_NAME not in taken:
         return RESTORE_TOOL_NAME
     name, n = _CLASH_PREFIX, 1
@@ -72,11 +72,6 @@ def restore_tool_name(tools: Sequence[Mapping[str, Any]]) -> str:
         n += 1
         name = f"{_CLASH_PREFIX}_{n}"
     return name
-
-
-def _tool_name(tool: Mapping[str, Any]) -> object:
-    function = tool.get("function")
-    return function.get("name") if isinstance(function, Mapping) else tool.get("name")
 
 
 def restore_tool_schema(name: str = RESTORE_TOOL_NAME) -> dict[str, Any]:
