@@ -289,10 +289,14 @@ class ReFold(Renderer):
             text, stubs = dedup_output(
                 text, step, c.index, _path_hint(producer), _view_hint(producer)
             )
-            c.stubs += stubs
         deduped = m if text == m.text else m.with_text(text)
         deduped_tokens = original if deduped is m else self.count_tokens(deduped)
+        if deduped_tokens >= original:
+            # Shorter in characters is not always fewer tokens: a stub never costs more.
+            # What it would have hidden stays shown; the index only misses some of it.
+            text, deduped, deduped_tokens = m.text, m, original
         if deduped is not m:
+            c.stubs += stubs
             c.step_stubs[step] = (stubs, original - deduped_tokens)
         c.stub_saved += original - deduped_tokens
         rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
