@@ -67,7 +67,8 @@ def test_outer_cliff_compacts_the_inner_rendering_when_still_over_budget() -> No
     budget = sum(chars(m) for m in masked.messages) - 1
     out = Composed(Mask(keep_last=6), Cliff(budget, count_tokens=chars)).render(history)
     got = out.transcript.messages
-    assert out.stats.compactions == Cliff(budget, count_tokens=chars).render(history).stats.compactions
+    alone = Cliff(budget, count_tokens=chars).render(history)
+    assert out.stats.compactions == alone.stats.compactions
     assert out.stats.notes == ()
     assert got[3:] == masked.messages[len(masked.messages) - len(got) + 3 :]
     # The cliff summarised the history's outputs (as the cliff alone would), not the
