@@ -43,6 +43,7 @@ from gateway.fold.renderer import (
     Renderer,
     RenderState,
     RenderStats,
+    removed_by,
 )
 from gateway.transcript import Message, Transcript
 
@@ -188,4 +189,7 @@ def merge_stats(first: Rendered, second: Rendered) -> RenderStats:
         reprefill_tokens=a.reprefill_tokens + b.reprefill_tokens,
         restore_tool=a.restore_tool or b.restore_tool,
         text_restores=a.text_restores or b.text_restores,
+        removed=removed_by(a.removed, b.removed),
+        undone_folds=a.undone_folds + b.undone_folds,
+        stopped_rules=tuple(sorted({*a.stopped_rules, *b.stopped_rules})),
     )
