@@ -54,6 +54,7 @@ from gateway.fold.calls import (
 )
 from gateway.fold.dedup import dedup_output
 from gateway.fold.folds import PROTOCOL, decide_folds
+from gateway.fold.json_output import unwrap
 from gateway.fold.operators import STRIKES, FoldOperator, StepView, registered
 from gateway.fold.protocol import (
     FOLD_INSTRUCTION,
@@ -305,9 +306,12 @@ class ReFold(Renderer):
             described = describe_producer(producer)
             if not labelled and described:
                 c.index.names[step] = f"step {step} (`{described}`)"
-            text, stubs = dedup_output(
-                text, step, c.index, _path_hint(producer), _view_hint(producer)
+            wrapped = unwrap(text)
+            inner = wrapped.inner if wrapped is not None else text
+            inner, stubs = dedup_output(
+                inner, step, c.index, _path_hint(producer), _view_hint(producer)
             )
+            text = wrapped.with_inner(inner) if wrapped is not None else inner
         deduped = m if text == m.text else m.with_text(text)
         deduped_tokens = original if deduped is m else self.count_tokens(deduped)
         if deduped_tokens >= original:

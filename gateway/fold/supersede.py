@@ -1,8 +1,10 @@
 """Fold operator ``superseded``: the same call made again makes the earlier output stale.
 
-- A call made again with the same arguments (the same shell command, whitespace aside; the
-  same text action; any tool with the same arguments) supersedes the earlier output: the
-  new one says how things are now.
+- A call made again with the same arguments (the same shell command, whitespace aside and
+  with any trailing ``| head``/``| tail`` window on its output; the same text action; any
+  tool with the same arguments) supersedes the earlier output: the new one says how
+  things are now (``mix test 2>&1 | tail -60`` then ``mix test 2>&1 | tail -20``: the same
+  test run, shown through another window).
 - A file view (Claude Code ``Read``, an editor's ``view``, ``cat``/``sed -n``/``head``/
   ``nl`` of one file) is superseded by a later view of the same file that covers its lines,
   or by a write of the whole file (``Write``, an editor's ``create``: the new content is in
@@ -25,6 +27,7 @@ again at step 14``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from gateway.fold.calls import (
@@ -41,6 +44,10 @@ from gateway.fold.restore import RESTORE_TOOL_NAME
 from gateway.transcript import ToolCall
 
 _WHOLE = 1 << 62  # a view to the end of the file
+# A trailing ``| head -n 50`` or ``| tail -20`` only picks which lines of the run are shown:
+# running the command again with another window is running it again.
+_WINDOWS = frozenset({"head", "tail"})
+_WINDOW_OPTION = re.compile(r"-n|-n?\d+|\d+")
 _WRITES = frozenset({"Write"})
 _EDITORS = frozenset({"str_replace_editor", "str_replace_based_edit_tool", "edit_file"})
 
@@ -99,12 +106,31 @@ def _view_of_command(command: str) -> _View | None:
     return _View(numbered, 1, _WHOLE) if numbered and "|" not in command else None
 
 
+def _command_signature(command: str) -> str:
+    """A command without a trailing ``| head``/``| tail`` window, blanks collapsed."""
+    words = command.split()
+    while len(words) >= 2 and (window := _output_window(words)):
+        words = words[:-window]
+    return " ".join(words)
+
+
+def _output_window(words: list[str]) -> int:
+    """How many of the last ``words`` are one ``| head [-n] [N]``/``| tail ...`` stage."""
+    for size in (4, 3, 2):
+        stage = words[-size:]
+        if len(stage) == size and stage[0] == "|" and stage[1] in _WINDOWS:
+            options = stage[2:]
+            if all(_WINDOW_OPTION.fullmatch(o) for o in options):
+                return size
+    return 0
+
+
 def _run_signature(call: ToolCall | None, action: str | None) -> str | None:
     if call is None:
-        return " ".join(action.split()) if action else None
+        return _command_signature(action) if action else None
     args, command = call_arguments(call.arguments)
     if command is not None:
-        return f"{call.name}\0{' '.join(command.split())}"
+        return f"{call.name}\0{_command_signature(command)}"
     try:
         canonical = json.dumps(args, sort_keys=True)
     except (TypeError, ValueError):
