@@ -48,6 +48,7 @@ from gateway.fold.renderer import (
     RenderStats,
     TokenCount,
     estimate_tokens,
+    removed_by,
 )
 from gateway.fold.summary import (
     Candidate,
@@ -80,6 +81,7 @@ class _State:
     compactions: int
     rung: int  # ladder rung that produced the summary (0: none yet)
     recent_turns: tuple[int, ...]  # the last keep_turns assistant indices in [head, pos)
+    summarised_tokens: int = 0  # tokens of messages[head:cut], which the summary stands for
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ class Cliff(Renderer):
         changed = candidate.cut != state.cut or candidate.summary != state.summary
         return replace(
             state,
+            summarised_tokens=state.summarised_tokens + state.kept_tokens - candidate.kept_tokens,
             cut=candidate.cut,
             summary=candidate.summary,
             summary_tokens=candidate.summary_tokens,
@@ -386,6 +389,7 @@ class Cliff(Renderer):
             compactions=compactions,
             notes=(_RUNG_NOTES[state.rung],) if state.rung in _RUNG_NOTES else (),
             over_budget=total > self.threshold,
+            removed=removed_by((("compaction", state.summarised_tokens - state.summary_tokens),)),
         )
         return Rendered(history.with_messages(out), cache, stats, sources, kinds)
 

@@ -98,6 +98,7 @@ def decide_folds(
         c.fold_rule[s] = rule
         c.fold_notes[s] = note
         c.claims.pop(s, None)
+        c.anchors.pop(s, None)
         stub_saved = c.step_stubs.get(s, (0, 0))[1]
         c.fold_saved_by[rule] = c.fold_saved_by.get(rule, 0) + stub_saved
     c.folded |= chosen
@@ -170,14 +171,19 @@ def referred(c: ReFoldCache, history: Transcript, step: int, now: int) -> bool:
     said = [c.said[pos] for pos in range(start, now + 1) if pos in c.said]
     found = False
     if said:
-        m = history.messages[c.steps[step]]
-        call = c.producers[step]
-        arguments = "" if isinstance(call, str) or call is None else call.arguments
-        anchor = anchors(m.text, arguments, m.tool_call_id)
-        if claim.fresh is not None:
-            anchor = anchor.without(anchors(history.messages[c.steps[claim.fresh]].text))
-        found = any(refers(anchor, words) for words in said)
+        anchor = c.anchors.get(step)
+        if anchor is None or anchor[0] != claim.after:
+            m = history.messages[c.steps[step]]
+            call = c.producers[step]
+            arguments = "" if isinstance(call, str) or call is None else call.arguments
+            made = anchors(m.text, arguments, m.tool_call_id)
+            if claim.fresh is not None:
+                made = made.without(anchors(history.messages[c.steps[claim.fresh]].text))
+            anchor = c.anchors[step] = (claim.after, made)
+        found = any(refers(anchor[1], words) for words in said)
     c.referred[step] = (claim.after, now, found)
+    if found:
+        c.anchors.pop(step, None)
     return found
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.fold.dedup import DedupIndex
 from gateway.fold.operators import FoldClaim
-from gateway.fold.references import Said
+from gateway.fold.references import Anchors, Said
 from gateway.fold.renderer import LABELLED
 from gateway.transcript import Message, ToolCall
 
@@ -71,6 +71,7 @@ class ReFoldCache:
     fold_notes: dict[int, str] = field(default_factory=dict)
     said: dict[int, Said] = field(default_factory=dict)
     referred: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    anchors: dict[int, tuple[int, Anchors]] = field(default_factory=dict)  # of claimed steps
     undone: dict[str, int] = field(default_factory=dict)
     undone_steps: set[int] = field(default_factory=set)
     stopped: set[str] = field(default_factory=set)
