@@ -92,7 +92,8 @@ def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tup
     help="ReFold's fold mode: recorded = on only for sessions whose replies carry "
     "PROGRESS/STALE lines, else off (a recorded reply cannot answer an ask); auto = the "
     "gateway's default (ask; an ignored ask leaves, two ignored asks stop asking); on = "
-    "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
+    "the paper's setting (protocol in the system prompt, labels, reminders); off = no protocol "
+    "(dedup and the harness folds only).",
 )
 @click.option(
     "--explain",

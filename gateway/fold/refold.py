@@ -17,7 +17,7 @@ after the first changed token must be prefilled again. Hence:
   protocol live (the ask stays where the model read it, later outputs get labels). An ask
   or reminder the next reply ignores disappears from the rendering: it sat at the very end
   of the prompt, so dropping it costs no cached token. After ``MAX_ASKS`` ignored asks the
-  session renders like ``base`` plus stubs for good. Mode ``off`` never asks.
+  session gets no more asks for good. Mode ``off`` never asks.
 - **Folds are priced** (``pricing.py``). With ``t`` steps the boundary is
   ``B = max(0, k * floor((t - k) / k))``; when it moves, the steps below it that the model
   marked stale (accepted only from replies made while the step sat in the last full chunk)
@@ -28,6 +28,14 @@ after the first changed token must be prefilled again. Hence:
   the candidates wait for the next boundary move, where they are priced again with more
   requests behind them. A decision is taken as of the step that moved the boundary, so a
   warm render and a cold one take the same decisions (for the same pressure).
+- **Harness folds** need no protocol, so they apply in every fold mode: fold operators
+  (``gateway.fold.operators``: ``progress`` reads the harness's task list, ``superseded``
+  a call made again) claim steps as they arrive, and a claimed step is a fold candidate
+  like a stale mark, priced the same way, unless a later message refers to it
+  (``gateway.fold.references``). The model's restores of an operator's folds are counted;
+  after ``STRIKES`` of them the session stops applying that operator.
+- Codex's JSON-wrapped outputs are deduplicated inside their ``output`` string
+  (``json_output.py``).
 - Folding replaces tool outputs only; assistant messages render unchanged, so every tool
   message still follows its call. A run of adjacent folded steps puts one note in its
   first output and a pointer line in the others.
