@@ -4,7 +4,8 @@ A message after a claim's point (``FoldClaim.after``) refers to step S when it h
 agent's or the user's own words (an assistant message: its text, thinking and call
 arguments; a user message that is not an observation) and in them
 
-- S's tool-call id (harnesses name calls by id: background tasks, task outputs);
+- S's tool-call id, as a word (harnesses name calls by id: background tasks, task
+  outputs; ids are words of ``MIN_ID_CHARS`` or more mixing letters and digits);
 - a quoted line of S: one of S's output lines (its line number removed, blanks stripped)
   of at least ``QUOTE_CHARS`` characters, as a whole line of the message (an ``Edit``'s
   ``old_string`` quotes the lines it replaces) or as a `code` or "quoted" fragment in it;
@@ -33,6 +34,7 @@ MIN_ID_CHARS = 8
 # Words are split at blanks, quotes, brackets and punctuation that does not occur in paths
 # (one linear pass); a path has a slash and a file extension: src/app/models.py.
 _WORD_BREAK = re.compile(r"[\s'\"`()\[\]{}<>,;:=|&]+")
+_ID_BREAK = re.compile(r"[^\w-]+")
 _EXTENSION = re.compile(r"[\w-][\w.-]*\.[A-Za-z]\w*")
 # A quoted fragment: between backticks or double quotes on one line; each scan stops at the
 # next quote, so the pass is linear.
@@ -41,11 +43,12 @@ _FRAGMENT = re.compile(rf"`([^`\n]{{{QUOTE_CHARS},}})`|\"([^\"\n]{{{QUOTE_CHARS}
 
 @dataclass(frozen=True, slots=True)
 class Said:
-    """What one message says, ready to be matched: its quotable lines and its paths."""
+    """What one message says, ready to be matched: its quotable lines, its paths and the
+    words in it that can be call ids."""
 
     lines: frozenset[str]
     paths: frozenset[str]
-    text: str
+    ids: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +74,9 @@ def _strings(value: object) -> list[str]:
     return []
 
 
-def said(message: Message) -> Said:
-    """The words of ``message`` (text, thinking, and the strings of its call arguments)."""
+def said(message: Message) -> Said | None:
+    """The words of ``message`` (text, thinking, and the strings of its call arguments);
+    None when nothing in them can refer to a step (kept per message: most say nothing)."""
     texts = [message.text, message.thinking]
     for call in message.tool_calls:
         try:
@@ -83,7 +87,20 @@ def said(message: Message) -> Said:
     lines = {s for line in text.split("\n") if len(s := line_code(line).strip()) >= QUOTE_CHARS}
     for found in _FRAGMENT.finditer(text):
         lines.add((found.group(1) or found.group(2)).strip())
-    return Said(frozenset(lines), _path_keys(_paths(text)), text)
+    ids = frozenset(w for w in _ID_BREAK.split(text) if _looks_like_id(w))
+    paths = _path_keys(_paths(text))
+    if not lines and not paths and not ids:
+        return None
+    return Said(frozenset(lines), paths, ids)
+
+
+def _looks_like_id(word: str) -> bool:
+    """Harnesses' call ids are long and mix letters and digits (``toolu_01A…``, ``call_9x…``)."""
+    return (
+        len(word) >= MIN_ID_CHARS
+        and any(ch.isdigit() for ch in word)
+        and any(ch.isalpha() for ch in word)
+    )
 
 
 def anchors(output: str, call_arguments: str = "", call_id: str | None = None) -> Anchors:
@@ -113,6 +130,6 @@ def _path_keys(paths: Iterable[str]) -> frozenset[str]:
 
 def refers(anchor: Anchors, words: Said) -> bool:
     """True when ``words`` quote a line of the step, name a path it printed, or its id."""
-    if anchor.call_id and len(anchor.call_id) >= MIN_ID_CHARS and anchor.call_id in words.text:
+    if anchor.call_id and anchor.call_id in words.ids:
         return True
     return not anchor.lines.isdisjoint(words.lines) or not anchor.paths.isdisjoint(words.paths)

@@ -227,14 +227,14 @@ class ReFold(Renderer):
                 self._put(c, m, m)
             elif m.role == "assistant":
                 self._scan_reply(c, pos, m)
-                if self.operators:
-                    c.said[pos] = said(m)
+                if self.operators and (words := said(m)) is not None:
+                    c.said[pos] = words
                 self._put(c, m, m)
             elif (m.role == "tool") if not c.text_mode else _is_observation(c, m):
                 self._scan_step(c, history, state, pos, m)
             else:
-                if self.operators and m.role == "user":
-                    c.said[pos] = said(m)
+                if self.operators and m.role == "user" and (words := said(m)) is not None:
+                    c.said[pos] = words
                 self._put(c, m, self._plain(c, pos, m))
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))

@@ -38,6 +38,7 @@ from gateway.fold.calls import (
     text_action,
     view_from_command,
 )
+from gateway.fold.dedup import digest
 from gateway.fold.operators import FoldClaim, FoldOperator, StepView, register
 from gateway.fold.progress import PROGRESS_TOOLS
 from gateway.fold.restore import RESTORE_TOOL_NAME
@@ -61,9 +62,11 @@ class _View:
 
 @dataclass(slots=True)
 class SupersedeState:
-    runs: dict[str, int] = field(default_factory=dict)  # signature -> its latest step
+    # the digest of a call's signature -> its latest step (the signature is compared in
+    # full before a claim: digests keep the state small, not the match approximate)
+    runs: dict[int, int] = field(default_factory=dict)
     views: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # unclaimed
-    said: dict[int, str] = field(default_factory=dict)  # step -> how the note names its call
+    producers: dict[int, ToolCall | str] = field(default_factory=dict)  # the history's own
 
 
 def _int(value: object, default: int) -> int:
@@ -138,6 +141,17 @@ def _run_signature(call: ToolCall | None, action: str | None) -> str | None:
     return f"{call.name}\0{canonical}"
 
 
+def _signature_of(producer: ToolCall | str) -> str | None:
+    if isinstance(producer, ToolCall):
+        return _run_signature(producer, None)
+    return _run_signature(None, text_action(producer))
+
+
+def _said(state: SupersedeState, step: int) -> str:
+    """How a note names the call of ``step``."""
+    return describe_producer(state.producers[step]) or "the call"
+
+
 class Supersession(FoldOperator):
     name = "superseded"
 
@@ -154,29 +168,30 @@ class Supersession(FoldOperator):
         if call is None and action is None:
             return []
         step, claims = view.step, []
-        state.said[step] = (
-            describe_producer(call if call is not None else view.action) or "the call"
-        )
+        state.producers[step] = call if call is not None else view.action  # type: ignore[assignment]
         signature = _run_signature(call, action)
         if signature is not None:
-            earlier = state.runs.get(signature)
-            if earlier is not None:
-                note = f"superseded: `{state.said[earlier]}` ran again at step {step}"
+            key = digest(signature)
+            earlier = state.runs.get(key)
+            if earlier is not None and _signature_of(state.producers[earlier]) == signature:
+                note = f"superseded: `{_said(state, earlier)}` ran again at step {step}"
                 claims.append(FoldClaim(earlier, note, after=view.pos, fresh=step))
-            state.runs[signature] = step
+            state.runs[key] = step
         shown, rewritten = (
             _view_of_call(call) if call is not None else (_view_of_command(action or ""), None)
         )
         if rewritten is not None:
             for earlier, _, _ in state.views.pop(rewritten, []):
-                note = f"superseded: `{state.said[earlier]}`: {rewritten} rewritten at step {step}"
+                note = (
+                    f"superseded: `{_said(state, earlier)}`: {rewritten} rewritten at step {step}"
+                )
                 claims.append(FoldClaim(earlier, note, after=view.pos, fresh=step))
         if shown is not None:
             kept = []
             for earlier, first, last in state.views.get(shown.path, []):
                 if shown.first <= first and last <= shown.last:
                     note = (
-                        f"superseded: `{state.said[earlier]}`: {shown.path} read again "
+                        f"superseded: `{_said(state, earlier)}`: {shown.path} read again "
                         f"at step {step}"
                     )
                     claims.append(FoldClaim(earlier, note, after=view.pos, fresh=step))
