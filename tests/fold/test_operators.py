@@ -78,7 +78,7 @@ class Session:
 def render(session: Session, renderer: ReFold | None = None):
     renderer = renderer or ReFold(fold="off")
     history = session.history()
-    cache = None
+    cache, sent, rewrites = None, (), 0
     # As the harness sends it: the history before each reply, then all of it.
     for end in [i for i, m in enumerate(history.messages) if m.role == "assistant"] + [
         len(history.messages)
@@ -89,6 +89,11 @@ def render(session: Session, renderer: ReFold | None = None):
         )
         rendered = renderer.render(request, state, cache)
         cache = rendered.cache
+        messages = rendered.transcript.messages
+        # The prefix property: a rendering extends the one before, except at a priced fold.
+        extends = messages[: len(sent)] == sent
+        assert extends or rendered.stats.rewrites > rewrites, f"request {end} rewrote unpriced"
+        sent, rewrites = messages, rendered.stats.rewrites
     cold = renderer.render(history, session.state())
     assert cold.transcript == rendered.transcript, "a cache changes nothing"
     assert cold.stats == rendered.stats
