@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.fold.renderer import FOLD, STUB, SUMMARY, Renderer
+from gateway.fold.renderer import LABELLED, SUMMARY, VERBATIM, Renderer
 from gateway.tokens import ChatTokenizer
 from offline.replay import TrajectoryLike, requests_of
 
-EXPLAINED = (STUB, FOLD, SUMMARY)
+# Every kind of rendered message but the history's own (as is, or with a label or note
+# added): stubs, folds, summaries, and any other strategy's rewrites (mask, clip, cleared).
+UNCHANGED = (VERBATIM, LABELLED)
 _WHY_CHARS = 240
 
 
@@ -26,7 +28,7 @@ class Change:
 
     position: int | None  # the history message it renders (None: added, a summary)
     role: str
-    kind: str  # stub, fold or summary
+    kind: str  # stub, fold, summary, ... (``gateway.fold.renderer``'s kinds)
     tokens_before: int  # of the history message (a summary: of what it stands for)
     tokens_after: int
     why: tuple[str, ...]  # the stub, note or summary lines that say what happened
@@ -58,7 +60,7 @@ def explain_request(
         for m, source, kind in zip(
             rendered.transcript.messages, rendered.sources, rendered.kinds, strict=True
         ):
-            if kind not in EXPLAINED:
+            if kind in UNCHANGED:
                 continue
             if kind == SUMMARY:
                 # It stands for the messages after the head that are no longer sent.
