@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from gateway.fold.operators import registered
 from gateway.fold.renderer import Renderer, TokenCount
 from gateway.fold.spec import parse_spec
 from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, SessionPrompts
@@ -84,6 +85,7 @@ class SessionRun:
 
     trajectory: str
     strategy: str
+    harness: str = ""
     context: list[int] = field(default_factory=list)  # prompt tokens of each request
     cached: list[int] = field(default_factory=list)  # of which served from the prefix cache
     rewrites: int = 0
@@ -98,6 +100,8 @@ class SessionRun:
     stub_saved_tokens: int = 0
     fold_saved_tokens: int = 0
     reprefill_tokens: int = 0
+    # What each operator removed (``RenderStats.removed``), summed over the requests.
+    removed: dict[str, int] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:
@@ -158,7 +162,19 @@ class ReplayResult:
             fold = f"fold active in {len(self.fold_active)} of {sessions} sessions"
         else:
             fold = "fold inactive: no PROGRESS/STALE lines in the recorded replies"
-        return f"ReFold operators: dedup: yes; {fold}"
+        operators = ", ".join(o.name for o in registered())
+        return f"ReFold operators: dedup: yes; harness folds ({operators}): yes; protocol {fold}"
+
+    def removed_by_harness(self) -> dict[tuple[str, str], tuple[int, dict[str, int]]]:
+        """(harness, strategy) -> (prompt tokens, tokens each operator removed), summed
+        over the sessions and their requests."""
+        out: dict[tuple[str, str], tuple[int, dict[str, int]]] = {}
+        for r in self.runs:
+            prompt, removed = out.get((r.harness, r.strategy), (0, {}))
+            for operator, tokens in r.removed.items():
+                removed[operator] = removed.get(operator, 0) + tokens
+            out[(r.harness, r.strategy)] = (prompt + r.prompt_tokens, removed)
+        return out
 
     @property
     def trajectory_count(self) -> int:
@@ -188,6 +204,8 @@ class ReplayResult:
                     "stub_saved_tokens": r.stub_saved_tokens,
                     "fold_saved_tokens": r.fold_saved_tokens,
                     "reprefill_tokens": r.reprefill_tokens,
+                    "harness": r.harness,
+                    "removed": r.removed,
                     "context": r.context,
                     "cached": r.cached,
                 }
@@ -216,6 +234,14 @@ def requests_of(
             yield history.with_messages(live)
 
 
+def harness_of(trajectory: TrajectoryLike) -> str:
+    """The harness that recorded the run: for a normalized record, its ``source`` (the
+    importer's ``harness`` is then the file format), else the importer's."""
+    meta = getattr(trajectory, "meta", None)  # optional: Trajectory has it, fakes may not
+    source = meta.get("source") if isinstance(meta, Mapping) else None
+    return source if isinstance(source, str) and source else trajectory.harness
+
+
 def request_count(history: Transcript) -> int:
     return sum(1 for m in history.messages if m.role == "assistant")
 
@@ -238,7 +264,7 @@ def replay_session(
     on_request: Callable[[], None] | None = None,
 ) -> SessionRun:
     """Replay one trajectory under one strategy."""
-    run = SessionRun(trajectory=trajectory.id, strategy=strategy)
+    run = SessionRun(trajectory=trajectory.id, strategy=strategy, harness=harness_of(trajectory))
     sim = PrefixCache(block_size=config.block_size, capacity_blocks=config.cache_blocks)
     prompts = SessionPrompts(chat)
     cache: Any = None
@@ -262,6 +288,8 @@ def replay_session(
         run.overhead_tokens += stats.overhead_tokens
         run.stub_saved_tokens += stats.stub_saved_tokens
         run.fold_saved_tokens += stats.fold_saved_tokens
+        for operator, tokens in stats.removed:
+            run.removed[operator] = run.removed.get(operator, 0) + tokens
         if config.budget is not None and result.prompt_tokens > config.budget:
             run.over_budget += 1
         # RenderStats counts compactions over the renderer's cache so far; the counter

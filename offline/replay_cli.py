@@ -20,7 +20,7 @@ from offline.replay import (
     replay,
     request_count,
 )
-from offline.report import print_report, write_plot
+from offline.report import print_explanations, print_report, write_plot
 
 ALL_STRATEGIES = "base,refold,cliff,mask,clip"
 DEFAULT_BUDGET = 32_000
@@ -92,7 +92,17 @@ def _strategies(_ctx: click.Context, _param: click.Parameter, value: str) -> tup
     help="ReFold's fold mode: recorded = on only for sessions whose replies carry "
     "PROGRESS/STALE lines, else off (a recorded reply cannot answer an ask); auto = the "
     "gateway's default (ask; an ignored ask leaves, two ignored asks stop asking); on = "
-    "the paper's setting (protocol in the system prompt, labels, reminders); off = dedup only.",
+    "the paper's setting (protocol in the system prompt, labels, reminders); off = no protocol "
+    "(dedup and the harness folds only).",
+)
+@click.option(
+    "--explain",
+    "explain",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Also show, for request N (0-based) of each session, what each strategy stubbed, "
+    "folded or summarised, its tokens before and after, and the line saying why.",
 )
 @json_option("Write totals and per-request series as JSON.")
 @click.option(
@@ -114,6 +124,7 @@ def replay_command(
     model: str,
     fold: str,
     strict: bool,
+    explain: int | None,
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
@@ -163,6 +174,9 @@ def replay_command(
     console.print(
         f"{total:,} renders in {elapsed:.1f}s; {chat.distinct_texts:,} distinct texts tokenized"
     )
+    if explain is not None:
+        out = Console() if sys.stdout.isatty() else Console(width=170)
+        print_explanations(trajectories, config, chat, explain, out)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_json(), indent=1))
         console.print(f"wrote {json_path}")

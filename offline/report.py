@@ -5,9 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from offline.replay import ReplayResult, SessionRun
+from gateway.tokens import ChatTokenizer
+from offline.replay import (
+    ReplayConfig,
+    ReplayResult,
+    SessionRun,
+    TrajectoryLike,
+    build_renderers,
+    carries_fold_lines,
+)
+from offline.replay_explain import explain_request
 
 MAX_SUBPLOTS = 4
 
@@ -93,6 +103,33 @@ def accounting_table(result: ReplayResult) -> Table:
     return table
 
 
+def operators_table(result: ReplayResult) -> Table:
+    """Per harness and strategy: what each operator removed, summed over every request of
+    its sessions, and as a share of that harness's ``base`` prompt tokens when base ran.
+
+    ReFold's operators: ``dedup`` (stubs), ``progress`` and ``superseded`` (folds from the
+    harness's task list and from calls made again), ``protocol`` (the model's STALE marks);
+    the cliff's ``compaction`` (the tokens of what its summary stands for, less the
+    summary). In a composition the cliff counts the history it summarised, so ReFold's
+    removals inside that part are counted by both.
+    """
+    table = Table(title="what each operator removed, per harness", title_justify="left")
+    rows = result.removed_by_harness()
+    operators = sorted({op for _, removed in rows.values() for op in removed})
+    for header in ("harness", "strategy", "prompt tok", *operators):
+        table.add_column(header, justify="left" if header in ("harness", "strategy") else "right")
+    for (harness, strategy), (prompt, removed) in sorted(rows.items()):
+        if strategy == "base":
+            continue
+        base = rows.get((harness, "base"), (0, {}))[0]
+        cells = [
+            f"{removed.get(op, 0):,}" + (f" ({removed.get(op, 0) / base:.1%})" if base else "")
+            for op in operators
+        ]
+        table.add_row(harness, strategy, f"{prompt:,}", *cells)
+    return table
+
+
 def print_report(result: ReplayResult, console: Console) -> None:
     if result.tokenizer_is_estimate:
         console.print("[yellow]token counts are a bytes/4 estimate, not a real tokenizer[/]")
@@ -100,8 +137,45 @@ def print_report(result: ReplayResult, console: Console) -> None:
     console.print(totals_table(result))
     if any(t.strategy != "base" for t in result.totals.values()):
         console.print(accounting_table(result))
+        console.print(operators_table(result))
     if result.totals.get("base") is None:
         console.print("(add 'base' to --strategy for the savings column)")
+
+
+def print_explanations(
+    trajectories: list[TrajectoryLike],
+    config: ReplayConfig,
+    chat: ChatTokenizer,
+    n: int,
+    console: Console,
+) -> None:
+    """``--explain N``: per session and strategy, what request ``n`` did not send as is."""
+    for trajectory in trajectories:
+        fold = config.fold
+        if fold == "recorded":
+            fold = "on" if carries_fold_lines(trajectory.transcript) else "off"
+        for strategy, renderer in build_renderers(config, chat, fold=fold).items():
+            if strategy == "base":
+                continue
+            changes = explain_request(trajectory, renderer, n, chat)
+            title = f"{trajectory.id}, request {n}, {strategy}"
+            if changes is None:
+                console.print(f"{escape(title)}: the session has fewer requests")
+                continue
+            table = Table(title=title, title_justify="left")
+            for header in ("message", "role", "what", "tokens", "why"):
+                table.add_column(header, justify="right" if header == "tokens" else "left")
+            for change in changes:
+                table.add_row(
+                    "-" if change.position is None else str(change.position),
+                    change.role,
+                    change.kind,
+                    f"{change.tokens_before:,} -> {change.tokens_after:,}",
+                    escape("\n".join(change.why)),
+                )
+            saved = sum(c.tokens_before - c.tokens_after for c in changes)
+            table.caption = f"{len(changes)} messages changed, {saved:,} tokens fewer"
+            console.print(table)
 
 
 def _longest_sessions(result: ReplayResult) -> list[str]:

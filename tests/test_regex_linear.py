@@ -16,10 +16,13 @@ from collections.abc import Callable
 import pytest
 
 from gateway.fold.calls import describe_producer, path_from_command
+from gateway.fold.json_output import unwrap
 from gateway.fold.protocol import parse_reply
+from gateway.fold.references import anchors, said
 from gateway.fold.restore import parse_restore_action
 from gateway.fold.spans import split_spans
 from gateway.steps.reply_filter import text_restore
+from gateway.transcript import text_message
 
 _CAT_N = "Here's the result of running `cat -n` on x"
 _EDITED_HEADER = "Here's the result of running `cat -n` on edited file:\n"
@@ -38,6 +41,13 @@ SHAPES: dict[str, tuple[Callable[[int], str], Callable[[str], object]]] = {
     ),
     "blank lines before restore": (lambda n: "\n" * n + "x", parse_restore_action),
     "blanks in a restore block": (lambda n: "```" + " " * n + "x", text_restore),
+    "slash word among an output's paths": (lambda n: "/" * n, anchors),
+    "dotted path word": (lambda n: "a/" + "a." * (n // 2), anchors),
+    "quotes and backticks in a reply": (
+        lambda n: '`"' * (n // 2),
+        lambda text: said(text_message("assistant", text)),
+    ),
+    "a Codex output of escapes": (lambda n: '{"output": "' + "\\n" * (n // 2) + '"}', unwrap),
 }
 
 TOTAL = 16_000  # characters per timing; pieces of SHORT and 4 * SHORT characters

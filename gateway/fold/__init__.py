@@ -7,7 +7,7 @@ importing it here is its one registration line.
 
 from __future__ import annotations
 
-from gateway.fold import baselines, cliff, refold  # noqa: F401  (each registers itself)
+from gateway.fold import baselines, cliff, progress, refold, supersede  # noqa: F401  (each registers itself)
 from gateway.fold.registry import names
 from gateway.fold.renderer import Rendered, Renderer, RenderState, RenderStats
 from gateway.fold.spec import StrategySpec, make_renderer, parse_spec

@@ -51,7 +51,7 @@ def path_from_call(name: str, arguments: str) -> str | None:
     ``file_path``/``path`` arguments (Claude Code Read, OpenHands/SWE-agent editors) or a
     shell command that numbers one file (``cat -n f``, ``nl -ba f | sed -n 5,9p``).
     """
-    args, command = _call_arguments(arguments)
+    args, command = call_arguments(arguments)
     for key in ("file_path", "path"):
         value = args.get(key)
         if isinstance(value, str) and value:
@@ -67,7 +67,7 @@ def path_from_command(command: str) -> str | None:
 
 def view_from_call(name: str, arguments: str) -> FileView | None:
     """The file lines a shell call prints without numbers, if it clearly does."""
-    _, command = _call_arguments(arguments)
+    _, command = call_arguments(arguments)
     return view_from_command(command) if command else None
 
 
@@ -83,7 +83,7 @@ def view_from_command(command: str) -> FileView | None:
     return FileView(normalize_path(path), 1, int(head) if head is not None else None)
 
 
-def _call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
+def call_arguments(arguments: str) -> tuple[dict[str, Any], str | None]:
     """A call's JSON arguments and its shell command; non-JSON text is taken as a command."""
     try:
         args = json.loads(arguments)
@@ -104,14 +104,14 @@ def describe_producer(producer: Any) -> str | None:
     if producer is None:
         return None
     if isinstance(producer, str):
-        blocks = _code_blocks(producer)
+        blocks = code_blocks(producer)
         lines = [line.strip() for line in (blocks[-1] if blocks else producer).split("\n")]
         lines = [line for line in lines if line]
         if not lines:
             return None
         text = lines[0] if blocks else lines[-1]
     else:
-        args, command = _call_arguments(producer.arguments)
+        args, command = call_arguments(producer.arguments)
         path = args.get("file_path") or args.get("path")
         text = command or (f"{producer.name} {path}" if isinstance(path, str) else producer.name)
     # Long enough to tell calls apart, short because every stub naming the step repeats it.
@@ -119,7 +119,7 @@ def describe_producer(producer: Any) -> str | None:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _code_blocks(text: str) -> list[str]:
+def code_blocks(text: str) -> list[str]:
     """What ``re.findall(r"```[^\n]*\n(.*?)```", text, re.DOTALL)`` finds, by plain search:
     the regex retries from every backtick of an unclosed run (quadratic in it)."""
     blocks = []
@@ -132,3 +132,11 @@ def _code_blocks(text: str) -> list[str]:
         blocks.append(text[newline + 1 : close])
         at = close + 3
     return blocks
+
+
+def text_action(reply: str) -> str | None:
+    """A text-action harness's action in a reply: its last code block, stripped (None
+    when it has none)."""
+    blocks = code_blocks(reply)
+    action = blocks[-1].strip() if blocks else ""
+    return action or None

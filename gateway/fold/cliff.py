@@ -48,12 +48,14 @@ from gateway.fold.renderer import (
     RenderStats,
     TokenCount,
     estimate_tokens,
+    removed_by,
 )
 from gateway.fold.summary import (
     Candidate,
     Caps,
     SummaryBuilder,
     head_end,
+    lines_up,
     rewritten_in_place,
 )
 from gateway.transcript import Message, Transcript, observation_indices
@@ -79,6 +81,7 @@ class _State:
     compactions: int
     rung: int  # ladder rung that produced the summary (0: none yet)
     recent_turns: tuple[int, ...]  # the last keep_turns assistant indices in [head, pos)
+    summarised_tokens: int = 0  # tokens of messages[head:cut], which the summary stands for
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,16 +167,26 @@ class Cliff(Renderer):
         """``render`` for the next request of a session whose earlier contexts ``cache``
         saw, where another renderer may since have rewritten earlier messages in place.
 
-        The compaction state carries over such a rewrite: the cut and the summary stay (a
-        rewrite inside the summarised part changes nothing that is sent) and the kept
-        messages are counted as they read now, so a rewrite that shrinks them postpones the
-        next compaction. A context whose earlier messages moved, changed role or call ids,
-        or a cache made with other parameters, is evaluated from its start. ``source``: the
-        messages ``context`` was rendered from, place for place; a compaction summarises
-        them (the context's own messages when they do not line up).
+        Given the ``source`` the context was rendered from, place for place (same length,
+        roles and call ids), the cliff decides on the source: it compacts where, and as,
+        the cliff alone compacts that history, and sends the context's messages from the
+        cut on. So a request never holds more than the cliff alone sends whenever the
+        inner renders no message longer than it is: its kept part is the inner's, its head
+        and summary the cliff's. (Counting the shrunk kept part instead postpones
+        compactions, and a postponed compaction keeps the context near the budget for
+        requests the cliff alone sends compacted: on two recorded runs that sent more in
+        total than the cliff alone.) Without a source that lines up, the compaction state
+        carries over in-place rewrites: the cut and the summary stay (a rewrite inside the
+        summarised part changes nothing that is sent) and the kept messages are counted as
+        they read now. A context whose earlier messages moved, changed role or call ids,
+        or a cache made with other parameters, is evaluated from its start.
         """
+        source = tuple(source)
+        if lines_up(source, context.messages):
+            new_cache, head_tokens, final = self._evaluate(source, cache, False, ())
+            return self._rendered(context, new_cache, head_tokens, final, final.compactions)
         new_cache, head_tokens, final = self._evaluate(
-            context.messages, cache, follow=True, source=tuple(source)
+            context.messages, cache, follow=True, source=source
         )
         return self._rendered(context, new_cache, head_tokens, final, final.compactions)
 
@@ -197,6 +210,9 @@ class Cliff(Renderer):
         """
         messages = history.messages
         source = tuple(source)
+        if follow and lines_up(source, messages):
+            # Decided on the source, as ``follow`` decides; the kept part is the context's.
+            messages, follow, source = source, False, ()
         new_cache, head_tokens, current = self._evaluate(messages, cache, follow, source)
         head = head_end(messages)
         best = head_tokens + current.summary_tokens + current.kept_tokens
@@ -294,6 +310,7 @@ class Cliff(Renderer):
         changed = candidate.cut != state.cut or candidate.summary != state.summary
         return replace(
             state,
+            summarised_tokens=state.summarised_tokens + state.kept_tokens - candidate.kept_tokens,
             cut=candidate.cut,
             summary=candidate.summary,
             summary_tokens=candidate.summary_tokens,
@@ -372,6 +389,7 @@ class Cliff(Renderer):
             compactions=compactions,
             notes=(_RUNG_NOTES[state.rung],) if state.rung in _RUNG_NOTES else (),
             over_budget=total > self.threshold,
+            removed=removed_by((("compaction", state.summarised_tokens - state.summary_tokens),)),
         )
         return Rendered(history.with_messages(out), cache, stats, sources, kinds)
 

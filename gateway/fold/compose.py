@@ -11,20 +11,21 @@ Caveats, because the outer works on the inner's rendering:
 - The inner's labels and stubs (``[step N]``, fold notes, dedup stubs) are plain text to
   the outer; a restore the model asks for still works because it reads the real history.
 
-An outer that can ``follow`` (``Cliff``) keeps its state across the inner's rewrites: the
-composition is defined as the outer's rule applied at every request point of the history
-(before each assistant message, and at its end) to what the inner rendered for that point.
-When the inner rewrites its prefix (ReFold moves its boundary every k steps), a cliff keeps
-its cut and its summary and counts the kept messages as they now read: a rewrite below the
-cut changes nothing that is sent, and one that shrinks the kept part postpones the next
-compaction, so the inner's folding and stubbing come first and the cliff compacts only
-when they are not enough. Its summary is written from the history's own messages (place
-for place, when the inner keeps them in place), as the cliff alone would write it for the
-same cut: an output the inner shrank below the cliff's 500-character rule would otherwise
-enter the summary verbatim where the cliff alone drops it, and make the composition
-compact more often than the cliff alone. The cache holds the history it was made for; a
-history that does not extend it (or a cache made by another composition) is replayed
-point by point.
+An outer that can ``follow`` (``Cliff``) is given the history each context was rendered
+from: the composition is defined as the outer's rule applied at every request point of the
+history (before each assistant message, and at its end). When the inner renders the
+history place for place (same places, roles and call ids: ReFold's stubs and folds), the
+cliff compacts where and as the cliff alone compacts the history (same cut, same summary)
+and sends the inner's rendering of the kept part. So ``refold+cliff`` never sends more
+than ``cliff`` in a request where no kept message renders longer than it is (ReFold's
+stubs and folds are only taken when shorter; its protocol labels, in fold mode ``on``, are
+the exception). Letting the inner's savings postpone the compaction instead sends more in
+total: the postponed requests sit near the budget where the cliff alone has compacted
+(two recorded runs, docs/refold.md). An inner that does not keep places (a system message
+added in front) is followed over its own rendering: its rewrites in place keep the cut and
+the summary, and the kept messages are counted as they read now. The cache holds the
+history it was made for; a history that does not extend it (or a cache made by another
+composition) is replayed point by point.
 
 Any other outer is applied to the inner's rendering of the whole history, as it stands.
 """
@@ -42,6 +43,7 @@ from gateway.fold.renderer import (
     Renderer,
     RenderState,
     RenderStats,
+    removed_by,
 )
 from gateway.transcript import Message, Transcript
 
@@ -187,4 +189,7 @@ def merge_stats(first: Rendered, second: Rendered) -> RenderStats:
         reprefill_tokens=a.reprefill_tokens + b.reprefill_tokens,
         restore_tool=a.restore_tool or b.restore_tool,
         text_restores=a.text_restores or b.text_restores,
+        removed=removed_by(a.removed, b.removed),
+        undone_folds=a.undone_folds + b.undone_folds,
+        stopped_rules=tuple(sorted({*a.stopped_rules, *b.stopped_rules})),
     )

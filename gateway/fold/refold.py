@@ -17,7 +17,7 @@ after the first changed token must be prefilled again. Hence:
   protocol live (the ask stays where the model read it, later outputs get labels). An ask
   or reminder the next reply ignores disappears from the rendering: it sat at the very end
   of the prompt, so dropping it costs no cached token. After ``MAX_ASKS`` ignored asks the
-  session renders like ``base`` plus stubs for good. Mode ``off`` never asks.
+  session gets no more asks for good. Mode ``off`` never asks.
 - **Folds are priced** (``pricing.py``). With ``t`` steps the boundary is
   ``B = max(0, k * floor((t - k) / k))``; when it moves, the steps below it that the model
   marked stale (accepted only from replies made while the step sat in the last full chunk)
@@ -28,6 +28,14 @@ after the first changed token must be prefilled again. Hence:
   the candidates wait for the next boundary move, where they are priced again with more
   requests behind them. A decision is taken as of the step that moved the boundary, so a
   warm render and a cold one take the same decisions (for the same pressure).
+- **Harness folds** need no protocol, so they apply in every fold mode: fold operators
+  (``gateway.fold.operators``: ``progress`` reads the harness's task list, ``superseded``
+  a call made again) claim steps as they arrive, and a claimed step is a fold candidate
+  like a stale mark, priced the same way, unless a later message refers to it
+  (``gateway.fold.references``). The model's restores of an operator's folds are counted;
+  after ``STRIKES`` of them the session stops applying that operator.
+- Codex's JSON-wrapped outputs are deduplicated inside their ``output`` string
+  (``json_output.py``).
 - Folding replaces tool outputs only; assistant messages render unchanged, so every tool
   message still follows its call. A run of adjacent folded steps puts one note in its
   first output and a pointer line in the others.
@@ -53,7 +61,9 @@ from gateway.fold.calls import (
     view_from_command,
 )
 from gateway.fold.dedup import dedup_output
-from gateway.fold.folds import decide_folds
+from gateway.fold.folds import PROTOCOL, decide_folds
+from gateway.fold.json_output import unwrap
+from gateway.fold.operators import STRIKES, FoldOperator, StepView, registered
 from gateway.fold.protocol import (
     FOLD_INSTRUCTION,
     accepted_stale,
@@ -61,6 +71,7 @@ from gateway.fold.protocol import (
     parse_reply,
     reminder_text,
 )
+from gateway.fold.references import said
 from gateway.fold.refold_cache import PendingNote, ReFoldCache
 from gateway.fold.registry import Strategy, register
 from gateway.fold.renderer import (
@@ -74,8 +85,14 @@ from gateway.fold.renderer import (
     estimate_tokens,
     noted_kind,
     origin_kind,
+    removed_by,
 )
-from gateway.fold.restore import restore_tool_name, restore_tool_schema
+from gateway.fold.restore import (
+    parse_restore_action,
+    parse_restore_spec,
+    restore_tool_name,
+    restore_tool_schema,
+)
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
 FOLD_MODES = ("auto", "on", "off")
@@ -106,9 +123,11 @@ class ReFold(Renderer):
         dedup: bool = True,
         fold: bool | str = "auto",
         count_tokens: TokenCount = estimate_tokens,
+        operators: bool | tuple[str, ...] = True,
     ) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"ReFold chunk size k must be a positive integer, got {k!r}")
+        self.operators = _operators(operators)
         self.k = k
         self.dedup = dedup
         self.fold = fold_mode(fold)
@@ -154,6 +173,9 @@ class ReFold(Renderer):
             reprefill_tokens=c.reprefill,
             restore_tool=restore_tool,
             text_restores=c.text_mode and (c.restore_offered or c.index.restore_hint),
+            removed=removed_by((("dedup", c.stub_saved),), tuple(c.fold_saved_by.items())),
+            undone_folds=len(c.undone_steps),
+            stopped_rules=tuple(sorted(c.stopped)),
         )
         rendered = replace(history, messages=(*c.head, *messages), tools=tuple(tools))
         sources = (None,) * len(c.head) + tuple(range(len(messages)))
@@ -162,7 +184,7 @@ class ReFold(Renderer):
     # -- cache -------------------------------------------------------------------------
 
     def _key(self, state: RenderState) -> tuple[Any, ...]:
-        return (self.k, self.dedup, self.fold, state.pinned)
+        return (self.k, self.dedup, self.fold, state.pinned, tuple(o.name for o in self.operators))
 
     def _usable(self, cache: Any, history: Transcript, state: RenderState) -> ReFoldCache | None:
         """``cache`` when it was built for a prefix of this history, else None."""
@@ -185,6 +207,7 @@ class ReFold(Renderer):
         c = ReFoldCache(key=self._key(state), text_mode=text_mode, protocol=protocol)
         c.restore_offered = protocol == "on"
         c.index.restore_hint = protocol == "on"
+        c.operator_states = {o.name: o.start() for o in self.operators}
         if protocol == "on" and (not history.messages or history.messages[0].role != "system"):
             c.head = (text_message("system", FOLD_INSTRUCTION),)
             c.overhead += self.count_tokens(c.head[0])
@@ -200,13 +223,18 @@ class ReFold(Renderer):
                 # The reply right before a restored message asked for the restore.
                 if c.gap and c.gap[-1][0] == pos - 1:
                     c.gap.pop()
+                _count_undone(c, m)
                 self._put(c, m, m)
             elif m.role == "assistant":
                 self._scan_reply(c, pos, m)
+                if self.operators and (words := said(m)) is not None:
+                    c.said[pos] = words
                 self._put(c, m, m)
             elif (m.role == "tool") if not c.text_mode else _is_observation(c, m):
                 self._scan_step(c, history, state, pos, m)
             else:
+                if self.operators and m.role == "user" and (words := said(m)) is not None:
+                    c.said[pos] = words
                 self._put(c, m, self._plain(c, pos, m))
         c.seen = messages
         c.restored = frozenset(i for i in state.restored if i < len(messages))
@@ -286,13 +314,20 @@ class ReFold(Renderer):
             described = describe_producer(producer)
             if not labelled and described:
                 c.index.names[step] = f"step {step} (`{described}`)"
-            text, stubs = dedup_output(
-                text, step, c.index, _path_hint(producer), _view_hint(producer)
+            wrapped = unwrap(text)
+            inner = wrapped.inner if wrapped is not None else text
+            inner, stubs = dedup_output(
+                inner, step, c.index, _path_hint(producer), _view_hint(producer)
             )
-            c.stubs += stubs
+            text = wrapped.with_inner(inner) if wrapped is not None else inner
         deduped = m if text == m.text else m.with_text(text)
         deduped_tokens = original if deduped is m else self.count_tokens(deduped)
+        if deduped_tokens >= original:
+            # Shorter in characters is not always fewer tokens: a stub never costs more.
+            # What it would have hidden stays shown; the index only misses some of it.
+            text, deduped, deduped_tokens = m.text, m, original
         if deduped is not m:
+            c.stubs += stubs
             c.step_stubs[step] = (stubs, original - deduped_tokens)
         c.stub_saved += original - deduped_tokens
         rendered = deduped.with_text(f"[step {step}]\n{text}") if labelled else deduped
@@ -300,9 +335,20 @@ class ReFold(Renderer):
         c.overhead += c.tokens[pos] - deduped_tokens
         if c.protocol == "asking" and (c.note is None or c.note.ask):
             c.note = PendingNote(step, ask_text(step), ask=True)
+        for operator in self.operators:
+            view = StepView(
+                step,
+                pos,
+                producer if isinstance(producer, ToolCall) else None,
+                producer if isinstance(producer, str) else None,
+                m.text,
+            )
+            for claim in operator.observe(c.operator_states[operator.name], view):
+                if claim.step not in c.folded and claim.step not in state.pinned:
+                    c.claims[claim.step] = (operator.name, claim)
         boundary = chunk_boundary(len(c.steps), self.k)
         if boundary > c.decided:
-            if c.protocol in ("on", "live"):
+            if c.protocol in ("on", "live") or c.claims:
                 decide_folds(
                     c, history, state, boundary, pos, self.count_tokens, self._restore_tool_tokens
                 )
@@ -328,6 +374,54 @@ class ReFold(Renderer):
             note.message = c.out[at].with_text(f"{c.out[at].text}\n\n{note.text}")
             note.kind = noted_kind(c.kinds[at])
         return note.message
+
+
+def _operators(operators: bool | tuple[str, ...]) -> tuple[FoldOperator, ...]:
+    """The fold operators ReFold applies: all registered (True), none (False), or those
+    named, in registration order."""
+    known = registered()
+    if operators is True or operators is False:
+        return known if operators else ()
+    names = {o.name for o in known}
+    unknown = sorted(set(operators) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown fold operator(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
+    return tuple(o for o in known if o.name in operators)
+
+
+def _count_undone(c: ReFoldCache, m: Message) -> None:
+    """A restored message gives folded steps back: each counts against the rule that
+    folded it, and a rule the model undid ``STRIKES`` times stops for the session."""
+    if c.text_mode:
+        spec = parse_restore_action(c.last_reply)
+    else:
+        call = c.calls.get(m.tool_call_id or "")
+        args = _json_object(call.arguments) if call is not None else {}
+        spec = args.get("steps") if isinstance(args.get("steps"), str) else None
+    if spec is None:
+        return
+    try:
+        first, last = parse_restore_spec(spec)
+    except ValueError:
+        return
+    for step in range(first, min(last, len(c.steps) - 1) + 1):
+        rule = c.fold_rule.get(step)
+        if rule is None or step in c.undone_steps:
+            continue
+        c.undone_steps.add(step)
+        c.undone[rule] = c.undone.get(rule, 0) + 1
+        if rule != PROTOCOL and c.undone[rule] >= STRIKES:
+            c.stopped.add(rule)  # the model's own stale marks are its call, never stopped
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _tool_tokens(count_tokens: TokenCount) -> int:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.fold.dedup import DedupIndex
+from gateway.fold.operators import FoldClaim
+from gateway.fold.references import Anchors, Said
 from gateway.fold.renderer import LABELLED
 from gateway.transcript import Message, ToolCall
 
@@ -58,7 +60,24 @@ class ReFoldCache:
     stubs: int = 0
     # per step: stubs in its rendering and the tokens they removed (until it is folded)
     step_stubs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # fold operators (``gateway.fold.operators``): each one's session state, the claims
+    # not yet folded (step -> (operator, claim)), the rule and note of each folded step,
+    # what the agent's and user's messages say (position -> words), the reference check
+    # done so far (step -> (claim point, checked up to, referred)), folds the model undid
+    # by restoring (per rule, and the steps counted), and the rules stopped for it
+    operator_states: dict[str, Any] = field(default_factory=dict)
+    claims: dict[int, tuple[str, FoldClaim]] = field(default_factory=dict)
+    fold_rule: dict[int, str] = field(default_factory=dict)
+    fold_notes: dict[int, str] = field(default_factory=dict)
+    said: dict[int, Said] = field(default_factory=dict)
+    referred: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    anchors: dict[int, tuple[int, Anchors]] = field(default_factory=dict)  # of claimed steps
+    undone: dict[str, int] = field(default_factory=dict)
+    undone_steps: set[int] = field(default_factory=set)
+    stopped: set[str] = field(default_factory=set)
     # accounting, in count_tokens units
+    # tokens the folds remove, per rule ("protocol" or an operator's name)
+    fold_saved_by: dict[str, int] = field(default_factory=dict)
     overhead: int = 0
     stub_saved: int = 0
     fold_saved: int = 0

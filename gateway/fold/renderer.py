@@ -62,6 +62,14 @@ class RenderStats:
     # a text harness was told it may write ``restore N``.
     restore_tool: str | None = None
     text_restores: bool = False
+    # What each operator removed from this rendering, in ``count_tokens`` units: ReFold's
+    # "dedup" stubs and its folds by rule ("protocol", or a fold operator's name), a
+    # cliff's "compaction" (what it summarised, less the summary). Name order.
+    removed: tuple[tuple[str, int], ...] = ()
+    # ReFold: folds the model undid by restoring them, and the rules stopped for the
+    # session because of it (``gateway.fold.operators.STRIKES``).
+    undone_folds: int = 0
+    stopped_rules: tuple[str, ...] = ()
 
 
 # What a rendered message is, for the inspector: the history message as it is, or with all
@@ -99,6 +107,15 @@ class Renderer(ABC):
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
     ) -> Rendered: ...
+
+
+def removed_by(*parts: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """``RenderStats.removed`` of several parts, added up by operator (zeros left out)."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, tokens in part:
+            total[name] = total.get(name, 0) + tokens
+    return tuple(sorted((name, n) for name, n in total.items() if n))
 
 
 def step_indices(history: Transcript, state: RenderState | None = None) -> list[int]:

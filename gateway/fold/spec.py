@@ -1,7 +1,7 @@
 """A strategy spec: a strategy name or a ``+``-joined composition, parsed once.
 
-``refold+cliff`` renders with ReFold, then lets CliffCompaction truncate what ReFold
-rendered once it still crosses the budget (see ``compose.py`` for the caveats). A spec
+``refold+cliff`` renders with ReFold and compacts where CliffCompaction alone compacts the
+history, keeping ReFold's rendering of the tail (see ``compose.py`` for why and the caveats). A spec
 comes from clients' headers, so it is bounded before it is split: at most
 ``MAX_SPEC_CHARS`` characters and ``MAX_SPEC_PARTS`` parts.
 """

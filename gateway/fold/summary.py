@@ -57,6 +57,11 @@ def cap_text(text: str, limit: int | None) -> str:
     return f"{text[:limit]}… [{len(text) - limit} more characters]"
 
 
+def lines_up(source: Sequence[Message], context: Sequence[Message]) -> bool:
+    """``context`` renders ``source`` place for place (a non-empty one)."""
+    return bool(source) and rewritten_in_place(context, source)
+
+
 def rewritten_in_place(now: Sequence[Message], was: Sequence[Message]) -> bool:
     """Same length, and each message keeps its role and its tool-call ids."""
     return len(now) == len(was) and all(

@@ -22,8 +22,10 @@ class Turn:
     outputs: tuple[str, ...] = ()
     commands: tuple[str, ...] = field(default_factory=tuple)
 
-    def command(self, i: int) -> str:
-        return self.commands[i] if i < len(self.commands) else "ls"
+    def command(self, i: int, default: str = "ls") -> str:
+        """The ``i``-th call's command; unnamed ones get ``default`` (a distinct command
+        per call by default in the histories below: a command run again supersedes)."""
+        return self.commands[i] if i < len(self.commands) else default
 
 
 def turn(reply: str, *outputs: str, commands: Sequence[str] = ()) -> Turn:
@@ -40,7 +42,8 @@ def tool_history(turns: Sequence[Turn], *, system: str | None = "You are an agen
     for t in turns:
         calls = []
         for i in range(len(t.outputs)):
-            calls.append(ToolCall(f"call_{counter}", "bash", json.dumps({"command": t.command(i)})))
+            command = t.command(i, f"ls dir{counter}")
+            calls.append(ToolCall(f"call_{counter}", "bash", json.dumps({"command": command})))
             counter += 1
         parts: tuple = ((Text(t.reply),) if t.reply else ()) + tuple(calls)
         messages.append(Message("assistant", parts))
@@ -56,8 +59,9 @@ def text_history(turns: Sequence[Turn], *, system: str | None = "You are an agen
     if system is not None:
         messages.append(text_message("system", system))
     messages.append(text_message("user", "Fix the bug."))
-    for t in turns:
-        action = f"{t.reply}\n```\n{t.command(0)}\n```" if t.reply else f"```\n{t.command(0)}\n```"
+    for n, t in enumerate(turns):
+        command = t.command(0, f"ls dir{n}")
+        action = f"{t.reply}\n```\n{command}\n```" if t.reply else f"```\n{command}\n```"
         messages.append(text_message("assistant", action))
         messages.extend(text_message("user", out) for out in t.outputs)
     return Transcript(tuple(messages))

@@ -37,15 +37,28 @@ def test_name_joins_the_parts() -> None:
     assert Composed(Composed(Base(), Clip()), Cliff(100)).name == "base+clip+cliff"
 
 
-def test_outer_cliff_leaves_an_inner_rendering_under_budget_alone() -> None:
+def test_outer_cliff_leaves_an_inner_rendering_alone_while_the_history_fits() -> None:
     history = tool_history(*OUTPUTS)
     masked = Mask(keep_last=3).render(history)
-    budget = sum(chars(m) for m in masked.transcript.messages)
+    budget = sum(chars(m) for m in history.messages)
     out = Composed(Mask(keep_last=3), Cliff(budget, count_tokens=chars)).render(history)
     assert out.transcript == masked.transcript
     assert out.stats.compactions == 0
     assert out.stats.stubs == masked.stats.stubs == 11
     assert out.stats.steps == 14
+
+
+def test_outer_cliff_compacts_where_the_cliff_alone_does() -> None:
+    # The inner's rendering fits, the history does not: the cliff alone compacts here, so
+    # the composition does too (and sends the inner's rendering of what it keeps).
+    history = tool_history(*OUTPUTS)
+    masked = Mask(keep_last=3).render(history)
+    budget = sum(chars(m) for m in masked.transcript.messages)
+    out = Composed(Mask(keep_last=3), Cliff(budget, count_tokens=chars)).render(history)
+    alone = Cliff(budget, count_tokens=chars).render(history)
+    assert out.stats.compactions == alone.stats.compactions > 0
+    assert out.transcript.messages[:3] == alone.transcript.messages[:3]
+    assert sum(map(chars, out.transcript.messages)) <= sum(map(chars, alone.transcript.messages))
 
 
 def test_outer_cliff_compacts_the_inner_rendering_when_still_over_budget() -> None:
@@ -54,7 +67,8 @@ def test_outer_cliff_compacts_the_inner_rendering_when_still_over_budget() -> No
     budget = sum(chars(m) for m in masked.messages) - 1
     out = Composed(Mask(keep_last=6), Cliff(budget, count_tokens=chars)).render(history)
     got = out.transcript.messages
-    assert out.stats.compactions == 1
+    alone = Cliff(budget, count_tokens=chars).render(history)
+    assert out.stats.compactions == alone.stats.compactions
     assert out.stats.notes == ()
     assert got[3:] == masked.messages[len(masked.messages) - len(got) + 3 :]
     # The cliff summarised the history's outputs (as the cliff alone would), not the
@@ -192,14 +206,31 @@ def test_the_summary_is_written_from_the_history_as_cliff_alone_writes_it() -> N
     assert any(e.startswith("result of bash: out ") for e in own[2].text.split("\n"))
 
 
-def test_a_kept_part_the_inner_shrinks_postpones_the_next_compaction() -> None:
+def test_a_kept_part_the_inner_shrinks_does_not_postpone_the_compaction() -> None:
+    # A postponed compaction keeps the context near the budget where the cliff alone sends
+    # it compacted: the composition compacts where the cliff alone does, and sends less.
     history = tool_history(*LONG)
     alone = session(Cliff(4_000, keep_turns=3, count_tokens=chars), history)
     composed = session(
         Composed(ShrinkOld(keep=3, keep_chars=100), Cliff(4_000, keep_turns=3, count_tokens=chars)),
         history,
     )
-    assert 0 < composed[-1].stats.compactions < alone[-1].stats.compactions
+    assert composed[-1].stats.compactions == alone[-1].stats.compactions > 0
+    sent = [sum(chars(m) for m in r.transcript.messages) for r in composed]
+    assert sum(sent) < sum(sum(chars(m) for m in r.transcript.messages) for r in alone)
+
+
+@settings(max_examples=80, deadline=None)
+@given(histories(), st.integers(200, 3_000), st.integers(0, 4), st.integers(0, 700))
+def test_a_shrinking_inner_never_sends_more_than_cliff_alone(
+    history: Transcript, threshold: int, keep: int, keep_chars: int
+) -> None:
+    alone = session(Cliff(threshold, keep_turns=2, count_tokens=chars), history)
+    inner = ShrinkOld(keep=keep, keep_chars=keep_chars)
+    composed = session(Composed(inner, Cliff(threshold, keep_turns=2, count_tokens=chars)), history)
+    for one, both in zip(alone, composed, strict=True):
+        assert sum(map(chars, both.transcript.messages)) <= sum(map(chars, one.transcript.messages))
+        assert both.stats.compactions == one.stats.compactions
 
 
 @settings(max_examples=40, deadline=None)

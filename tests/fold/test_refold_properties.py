@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import random
 import re
 from collections import Counter
@@ -102,6 +103,37 @@ def unnumbered_view(rng: random.Random, path: str) -> tuple[str, str]:
     return text, call
 
 
+TASKS = ("inspect the module", "run the tests", "fix the parser")
+
+
+def with_task_list(history: Transcript, rng: random.Random) -> Transcript:
+    """Some single calls made Claude Code ``TodoWrite`` calls that walk a task list: an item
+    goes in progress, then completed (the steps between are a finished sub-task)."""
+    messages = list(history.messages)
+    updates = 0
+    for i, m in enumerate(messages):
+        if m.role != "assistant" or len(m.tool_calls) != 1 or rng.random() >= 0.25:
+            continue
+        current, done = divmod(updates, 2)
+        todos = [
+            {
+                "content": task,
+                "status": "completed"
+                if n < current or (n == current and done)
+                else "in_progress"
+                if n == current
+                else "pending",
+            }
+            for n, task in enumerate(TASKS)
+        ]
+        call = ToolCall(m.tool_calls[0].id, "TodoWrite", json.dumps({"todos": todos}))
+        messages[i] = replace(
+            m, parts=tuple(call if isinstance(p, ToolCall) else p for p in m.parts)
+        )
+        updates += 1
+    return Transcript(tuple(messages))
+
+
 def reply(rng: random.Random) -> str:
     if rng.random() < 0.2:
         return rng.choice(["", "running it", "**progress**: half"])
@@ -135,6 +167,8 @@ def build_case(rng: random.Random, tool_mode: bool, k: int, fold: str) -> Case:
         turns.append(Turn(reply(rng), tuple(outs), tuple(commands)))
     build = tool_history if tool_mode else text_history
     history = build(turns, system=rng.choice(["You are an agent.", None]))
+    if tool_mode:
+        history = with_task_list(history, rng)
     restored: set[int] = set()
     steps = step_indices(history)
     # a gateway restore exchange after an output (not between parallel outputs)
@@ -348,7 +382,10 @@ def test_generated_histories_exercise_every_kind_of_stub() -> None:
                     seen["whole" if "entire" in stub[2] else "span"] += 1
                 elif _NOTE.search(text):
                     seen["fold"] += 1
-    assert min(seen[kind] for kind in ("run with path", "run", "whole", "span", "fold")) >= 5, seen
+                    seen["finished"] += "folded: finished: " in text
+                    seen["superseded"] += "superseded: `" in text
+    kinds = ("run with path", "run", "whole", "span", "fold", "finished", "superseded")
+    assert min(seen[kind] for kind in kinds) >= 5, seen
 
 
 def test_reminder_suffix_pattern_matches_every_level() -> None:

@@ -1,3 +1,4 @@
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from offline.replay import (
     replay,
     requests_of,
 )
+from offline.replay_explain import explain_request
 
 
 class CharCounter(TokenCounter):
@@ -146,7 +148,9 @@ def test_compaction_counter_restarts_are_added_up() -> None:
 def test_fold_operator_is_off_for_recorded_replies_unless_forced() -> None:
     auto = run_replay(ReplayConfig(strategies=("base", "refold")))
     assert auto.fold_active == []
-    assert "dedup: yes; fold inactive: no PROGRESS/STALE lines" in auto.operators_note()
+    note = auto.operators_note()
+    assert "dedup: yes; harness folds (progress, superseded): yes" in note
+    assert "protocol fold inactive: no PROGRESS/STALE lines" in note
     forced = run_replay(ReplayConfig(strategies=("base", "refold"), fold="on"))
     assert forced.fold_active == ["t1"]
     assert "fold on" in forced.operators_note()
@@ -188,3 +192,46 @@ def test_json_has_totals_and_series() -> None:
 def test_bad_config(kwargs: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         ReplayConfig(**kwargs)
+
+
+def harness_run() -> Traj:
+    """A long test log, an output and a duplicate of it, the test run again, small steps."""
+    big = "\n".join(f"line {i} of the test log, different on each line {i * 13}" for i in range(60))
+    notes = "\n".join(f"note {i}: something the agent wrote down earlier {i}" for i in range(20))
+    steps = [("make test", big), ("cat notes.txt", notes), ("cat notes.bak", notes)]
+    steps += [("make test", "all passed")]
+    steps += [(f"echo {n}", "ok") for n in range(30)]
+    messages = [text_message("system", "You are a coder."), text_message("user", "Fix it.")]
+    for i, (command, output) in enumerate(steps):
+        arguments = json.dumps({"command": command})
+        messages.append(Message("assistant", (Text("run"), ToolCall(f"c{i}", "bash", arguments))))
+        messages.append(tool_message(f"c{i}", output))
+    return Traj("h1", "claude-code", Transcript(messages=tuple(messages)))
+
+
+def test_the_replay_reports_what_each_operator_removed_per_harness() -> None:
+    chat = ChatTokenizer(CharCounter())
+    result = replay([harness_run()], chat, ReplayConfig(strategies=("base", "refold")))
+    refold = next(r for r in result.runs if r.strategy == "refold")
+    assert refold.harness == "claude-code"
+    assert refold.removed["dedup"] > 0 and refold.removed["superseded"] > 0
+    prompt, removed = result.removed_by_harness()[("claude-code", "refold")]
+    assert prompt == refold.prompt_tokens and removed == refold.removed
+    assert result.to_json()["sessions"][1]["removed"] == refold.removed
+    assert "superseded" in result.operators_note()
+
+
+def test_explain_lists_what_one_request_did_not_send_as_is_and_why() -> None:
+    chat = ChatTokenizer(CharCounter())
+    renderer = make_renderer("refold", count_tokens=chat.message_count, fold="off")
+    run = harness_run()
+    changes = explain_request(run, renderer, 30, chat)
+    assert changes is not None
+    kinds = {c.kind for c in changes}
+    assert kinds == {"stub", "fold"}
+    stub = next(c for c in changes if c.kind == "stub")
+    assert stub.why == ("[duplicate of step 1 (`cat notes.txt`): this entire output (20 lines)]",)
+    fold = next(c for c in changes if c.kind == "fold")
+    assert "superseded: `make test` ran again at step 3" in fold.why[0]
+    assert all(c.tokens_after < c.tokens_before for c in changes)
+    assert explain_request(run, renderer, 1_000, chat) is None
