@@ -32,8 +32,8 @@ from offline.sim.result import CellResult
 from offline.sim.run_cells import run_cells
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
 from router import COST_PRESETS, SIMULATED_POLICY_NAMES
-from router.registry import ADMISSIONS
 from router.cost import CostModel, get_preset
+from router.registry import ADMISSIONS
 
 
 @click.command("simulate")
