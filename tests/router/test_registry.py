@@ -25,8 +25,10 @@ from tests.router.support import NoStore, static_pool
 def test_every_policy_is_made_of_registered_parts() -> None:
     # The gateway offers its own four; the simulator also runs vllm-router's three.
     assert POLICY_NAMES == ("least_loaded", "round_robin", "sticky", "sticky_cost")
-    assert SIMULATED_POLICY_NAMES == tuple(sorted(POLICIES)) == tuple(
-        sorted((*POLICY_NAMES, "cache_aware", "consistent_hash", "sticky_least_loaded"))
+    assert (
+        SIMULATED_POLICY_NAMES
+        == tuple(sorted(POLICIES))
+        == tuple(sorted((*POLICY_NAMES, "cache_aware", "consistent_hash", "sticky_least_loaded")))
     )
     knobs = Knobs(cost=get_preset("cpu-tiny"))
     for name, spec in POLICIES.items():
