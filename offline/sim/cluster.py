@@ -100,11 +100,19 @@ class SimConfig:
 @dataclass(slots=True)
 class _Session:
     index: int
+    seed: int
     trajectory: str
     rng: random.Random
     base: int  # offset of its own block ids
     step: int = 0
     last_prompt: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Its session id: salted by the seed, so a policy that hashes session ids (a hash
+        ring, a rendezvous tie-break) draws another placement with each seed, as a real
+        run's session ids are a draw of their own."""
+        return f"{self.seed}:{self.index}"
 
 
 def simulate(
@@ -259,7 +267,7 @@ class _Cluster:
         rng = random.Random(config.seed * 1_000_003 + self.started)
         trajectory = self.order[self.started % len(self.order)]
         run = self.workload.runs[(trajectory, config.strategy)]
-        s = _Session(self.started, trajectory, rng, self.next_id)
+        s = _Session(self.started, config.seed, trajectory, rng, self.next_id)
         self.next_id += run.local_ids
         for e in self.engines:
             e.pool.ensure(self.next_id)
@@ -281,7 +289,7 @@ class _Cluster:
         if config.routes is None:
             routed = self.routing.route(
                 SIM_TENANT,
-                str(s.index),
+                s.key,
                 prompt_tokens=step.prompt_tokens,
                 last_prompt_tokens=s.last_prompt,
                 prefix=step.prefix,
@@ -290,7 +298,7 @@ class _Cluster:
             )
         else:
             replica = self.pool.replicas[config.routes[(s.index, s.step)]]
-            routed = self.routing.replayed(SIM_TENANT, str(s.index), replica, now)
+            routed = self.routing.replayed(SIM_TENANT, s.key, replica, now)
         if routed.decision.moved_from is not None and now >= config.warmup_s:
             self.result.moves += 1
         req = SimRequest(
@@ -386,7 +394,7 @@ class _Cluster:
             # The store's TTL would drop the assignment; the policy keeps counting the session
             # on its replica, as the gateway's does (nothing tells it a session ended).
             del self.sessions[s.index]
-            self.assignments.forget(SIM_TENANT, str(s.index))
+            self.assignments.forget(SIM_TENANT, s.key)
             if config.concurrency is not None and now < config.duration_s:
                 self.start_session(now)
         self.admit_held(now)
