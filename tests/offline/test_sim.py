@@ -28,7 +28,9 @@ from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
 from offline.sim.workload import build_workload
 from router import make_policy
+from router.admission_seam import AdmissionRequest, AdmissionVerdict
 from router.cost import CostModel
+from router.registry import ADMISSIONS
 
 
 def ids(*xs: int) -> np.ndarray:
@@ -708,3 +710,52 @@ def test_peer_cells_are_read_in_foldgates_format_and_simulated_by_their_policy(
     assert read[0].number("vllm_prefix_hit_rate") == 0.8
     assert math.isnan(read[0].number("vllm_queue_time_mean_s"))
     assert math.isnan(read[0].number("ttft_p50_ms"))
+
+
+class OneAtATime:
+    """A test admission: a request waits while its replica serves another (retry at the
+    next reply end), so the seam's hold, retry and release paths all run."""
+
+    def __init__(self) -> None:
+        self.busy: set[str] = set()
+
+    @classmethod
+    def from_knobs(cls, knobs: Any) -> OneAtATime:
+        return cls()
+
+    def decide(self, request: AdmissionRequest) -> AdmissionVerdict:
+        if request.replica in self.busy:
+            return AdmissionVerdict(False, "busy")
+        return AdmissionVerdict(True)
+
+    def started(self, request: AdmissionRequest) -> None:
+        self.busy.add(request.replica)
+
+    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
+        self.busy.discard(replica)
+
+
+def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(ADMISSIONS, "one_at_a_time", OneAtATime.from_knobs)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    steps = len(workload.runs[("tiny", "base")].steps)
+
+    def run(admission: str) -> CellResult:
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(kv_pool_tokens=50_000),
+                           replicas=2, concurrency=6, sessions=6, think_s=0.0, warmup_s=0.0,
+                           admission=admission)  # fmt: skip
+        return simulate(workload, config)
+
+    held = run("one_at_a_time")
+    assert held.requests == 6 * steps  # nobody starves: every session ran to its end
+    assert len(held.admission_wait_s) == held.requests
+    assert max(held.admission_wait_s) > 0  # some waited at the gateway
+    off = run("off")  # the default: every request goes at once
+    assert off.requests == 6 * steps and max(off.admission_wait_s) == 0.0
+    assert off.window_s < held.window_s
