@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from router import Knobs, ReplicaPool, RouteHints, get_preset, make_policy
-from router.pickers.hash_ring import fbi_hash, murmur_hash_64a, ring_owner
+from router.pickers.hash_ring import fbi_hash, furc_hash, murmur_hash_64a, ring_owner
 from router.prefix_tree import PrefixTrees
 from router.scorers.approx_tree import ApproxTreeScorer
 from tests.router.support import NoStore, static_pool
@@ -16,6 +16,15 @@ COST = get_preset("h200-qwen3.6-27b")  # block size 16
 
 def urls(n: int) -> frozenset[str]:
     return frozenset(f"http://replica-{i}:8000" for i in range(n))
+
+
+def test_furc_hash_gives_mcrouters_golden_values() -> None:
+    """Values from mcrouter's own furc_hash test (lib/fbi/test, kGoldenValues), which
+    vllm-router's fbi_hash ports: the simulated ring is the real one."""
+    golden = [("a", 16, 13), ("a", 1_000_000, 570_739), ("ab", 500, 429), ("abc", 7, 5),
+              ("mcrouter:pool:regional:0001", 8_388_608, 6_119_431),
+              ("user:12345:profile", 100_000, 96_279), ("", 5000, 3031), ("key0", 32, 22)]  # fmt: skip
+    assert [furc_hash(k.encode(), m) for k, m, _ in golden] == [e for _, _, e in golden]
 
 
 def test_the_hash_is_deterministic_and_spread() -> None:
