@@ -21,9 +21,16 @@ def urls(n: int) -> frozenset[str]:
 def test_furc_hash_gives_mcrouters_golden_values() -> None:
     """Values from mcrouter's own furc_hash test (lib/fbi/test, kGoldenValues), which
     vllm-router's fbi_hash ports: the simulated ring is the real one."""
-    golden = [("a", 16, 13), ("a", 1_000_000, 570_739), ("ab", 500, 429), ("abc", 7, 5),
-              ("mcrouter:pool:regional:0001", 8_388_608, 6_119_431),
-              ("user:12345:profile", 100_000, 96_279), ("", 5000, 3031), ("key0", 32, 22)]  # fmt: skip
+    golden = [
+        ("a", 16, 13),
+        ("a", 1_000_000, 570_739),
+        ("ab", 500, 429),
+        ("abc", 7, 5),
+        ("mcrouter:pool:regional:0001", 8_388_608, 6_119_431),
+        ("user:12345:profile", 100_000, 96_279),
+        ("", 5000, 3031),
+        ("key0", 32, 22),
+    ]
     assert [furc_hash(k.encode(), m) for k, m, _ in golden] == [e for _, _, e in golden]
 
 
