@@ -179,7 +179,7 @@ class Pipeline:
         history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
         rendering = self.rendered(ingested, history)
         body = self.forward.body(ingested, rendering.transcript)
-        hints = route.hints(self.policy, ingested, rendering.tokens, ingested.found.assignment)
+        hints = route.hints(self.policy, ingested, rendering, ingested.found.assignment)
         if received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
         stored: Stored | None = None
@@ -244,7 +244,7 @@ class Pipeline:
         """After a restore: render with the restored content and ask the model again."""
         rendering = self.rendered(ingested, (restoring.history, restoring.state), stored.branch)
         body = self.forward.body(ingested, rendering.transcript)
-        hints = route.hints(self.policy, ingested, rendering.tokens, stored.assignment)
+        hints = route.hints(self.policy, ingested, rendering, stored.assignment)
         replica, stream = await self.forward.open(ingested, body, hints)
         return replica, stream, rendering
 

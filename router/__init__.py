@@ -16,15 +16,17 @@ from router.policies import (
     make_policy,
 )
 from router.pool import ReplicaPool
-from router.registry import POLICY_NAMES
+from router.registry import PEER_POLICY_NAMES, POLICY_NAMES, SIMULATED_POLICY_NAMES
 from router.replica import Replica
 from router.tenant_policies import TenantPolicies, make_tenant_policy
 
 __all__ = [
     "ASSIGNMENT_TTL_S",
     "COST_PRESETS",
+    "PEER_POLICY_NAMES",
     "POLICY_NAMES",
     "REHOME_MARGIN",
+    "SIMULATED_POLICY_NAMES",
     "AssignedSessionPolicy",
     "AssignmentStore",
     "CostModel",

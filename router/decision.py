@@ -57,9 +57,10 @@ class Decider:
             inp.session,
             inp.hints,
             current=current,
-            parent_home=inp.parent_home,
             prefix_home=inp.prefix_home,
             turn=inp.turns.get(profile.rotation, 0),
+            replicas=inp.replicas,
+            matched=inp.matched,
         )
         picked = profile.run(ctx, inp.candidates)
         url = picked.candidate.url

@@ -4,7 +4,7 @@ over them is a pure function."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.replica import Replica
@@ -17,8 +17,10 @@ class RouteHints:
     ``prompt_tokens``: the rendered prompt's tokens. ``cached_prefix_tokens``: how much of
     the session's prompt its replica holds, from the store's per-session accounting (the
     previous request's prompt); None when unknown. ``prefix_key``: names a prefix other
-    sessions share (a digest of tenant, tools and system prompt: the same agent), of
-    ``prefix_tokens`` tokens. ``parent_session``: the session this one was forked from.
+    sessions share (a digest of tenant, tools and system prompt: the same agent,
+    ``router.session_route.shared_prefix``), of ``prefix_tokens`` tokens.
+    ``block_chain``: the prompt's chained block keys, which only the simulator has (for its
+    model of vllm-router's ``cache_aware``; the gateway offers no policy that reads them).
     ``assignment_read``: the caller read the session's assignment (``assignment``) with its
     own store read and writes the chosen replica back with its own store write, so a sticky
     policy neither reads nor writes it (the gateway shares those round trips with the
@@ -29,9 +31,9 @@ class RouteHints:
     cached_prefix_tokens: int | None = None
     prefix_key: str | None = None
     prefix_tokens: int = 0
-    parent_session: str | None = None
     assignment: str | None = None
     assignment_read: bool = False
+    block_chain: Sequence[int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +80,14 @@ class RouteContext:
     session: str
     hints: RouteHints
     current: str | None = None  # the session's assigned replica, when usable
-    parent_home: str | None = None  # where the parent session is assigned
     prefix_home: str | None = None  # where the shared prefix was last served
     # How many turns the profile's rotation has taken: pickers that rotate over ties
     # start from it (the policy keeps the count; the picker only reads it).
     turn: int = 0
+    # Every replica URL in the pool, routable or not (a hash ring is laid over all).
+    replicas: frozenset[str] = frozenset()
+    # Tokens of this prompt each replica's approximate prefix tree matches (cache_aware).
+    matched: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +99,8 @@ class RouteInput:
     already tried, to tell why an assigned replica cannot keep its session. ``assignment``:
     the session's replica as read from the store (None for a new session, or for a policy
     that keeps none). ``turns``: each rotation's count of turns taken so far.
+    ``matched``: per replica URL, the tokens of this prompt its approximate prefix tree
+    matches (only for a policy that keeps one).
     """
 
     tenant: str
@@ -103,6 +110,6 @@ class RouteInput:
     replicas: frozenset[str]
     exclude: frozenset[str] = frozenset()
     assignment: str | None = None
-    parent_home: str | None = None
     prefix_home: str | None = None
     turns: Mapping[str, int] = field(default_factory=dict)
+    matched: Mapping[str, int] = field(default_factory=dict)

@@ -31,6 +31,14 @@ class Knobs:
     for queue waits. ``hysteresis`` and ``min_gain_s``: how clearly a priced move must win.
     ``new_session_slack_s``: how far above the shortest queue wait a new session may go;
     None: one typical request's prefill, the granularity the queue estimate has anyway.
+
+    vllm-router's ``cache_aware`` (simulated), at that router's command-line defaults
+    (``py_src/vllm_router/router_args.py``): ``cache_threshold``, the share of a prompt a
+    replica's approximate tree must match for the prompt to follow it; the load is
+    imbalanced (the request goes to the least loaded replica) when max - min exceeds
+    ``balance_abs_threshold`` requests and max exceeds min times ``balance_rel_threshold``;
+    every ``eviction_interval_s`` each replica's tree is trimmed to ``max_tree_size``
+    characters (least recently used first).
     """
 
     rehome_margin: float = REHOME_MARGIN
@@ -40,6 +48,11 @@ class Knobs:
     hysteresis: float = 0.25
     min_gain_s: float = 0.05
     new_session_slack_s: float | None = None
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_s: float = 120.0
+    max_tree_size: int = 2**26
 
     def cost_model(self) -> CostModel:
         if self.cost is None:

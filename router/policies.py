@@ -6,16 +6,18 @@ takes one (``router.parts``; the parts and the policies composed of them are reg
 ``router.registry``). That decision is a pure function of its inputs
 (``router.decision``). A policy here is the shell around it: it asks the pool which
 replicas are routable (health probes, circuit breakers, failover's exclusions), snapshots
-them, reads the session's assignment from the shared store (unless the caller read it),
-and after the decision writes the assignment back, remembers the placement and advances
-its pickers' rotation.
+them, reads the session's assignment from the shared store (unless the caller read it,
+as the gateway and the simulator do: ``router.session_route``), and after the decision
+writes the assignment back (unless the caller writes it), remembers the placement and
+advances its pickers' rotation.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +27,8 @@ from router.inputs import RouteHints, RouteInput, snapshot
 from router.knobs import ASSIGNMENT_TTL_S, Knobs, MissingKnob
 from router.placements import Placements
 from router.pool import ReplicaPool
-from router.registry import POLICIES, POLICY_NAMES, PolicySpec
+from router.prefix_tree import PrefixTrees
+from router.registry import POLICIES, SIMULATED_POLICY_NAMES, PolicySpec
 from router.replica import Replica
 from router.telemetry import ROUTING_DECISIONS, SESSION_MOVES
 
@@ -56,6 +59,8 @@ class RoutingPolicy(Protocol):
     # Whether `RouteHints.cached_prefix_tokens` matters to it (the gateway reads the
     # session's accounting for it only then).
     uses_cached_prefix: bool
+    # Whether `RouteHints.prefix_key` / `prefix_tokens` matter to it (computed only then).
+    uses_shared_prefix: bool
 
     def policy_for(self, tenant: str) -> RoutingPolicy:
         """The policy that routes ``tenant``'s requests."""
@@ -89,11 +94,19 @@ class ProfilePolicy:
     """A policy that keeps no session assignment (``round_robin``, ``least_loaded``); the
     base of the sticky ones. Counts every decision under its name and reason."""
 
-    def __init__(self, decider: Decider, knobs: Knobs, *, uses_cached_prefix: bool = False):
+    def __init__(
+        self,
+        decider: Decider,
+        knobs: Knobs,
+        *,
+        uses_cached_prefix: bool = False,
+        uses_shared_prefix: bool = False,
+    ) -> None:
         self.name = decider.name
         self.decider = decider
         self.knobs = knobs
         self.uses_cached_prefix = uses_cached_prefix
+        self.uses_shared_prefix = uses_shared_prefix
         self._turns: Counter[str] = Counter()
 
     def policy_for(self, tenant: str) -> ProfilePolicy:
@@ -154,8 +167,9 @@ class AssignedSessionPolicy(ProfilePolicy):
     the shared store (or take the one the caller read, `RouteHints.assignment_read`),
     decide, and write the choice back by compare-and-set with a TTL, so every gateway
     replica agrees. Remembers which sessions it placed on each replica (the fit scorer's
-    bound sessions) and, with ``shared_prefixes``, where each shared prefix was served and
-    a forked session's parent's replica (the prefix scorer's homes)."""
+    bound sessions: a session counts until it drops out of the bounded placements, since
+    nothing tells the gateway a session ended) and, with ``shared_prefixes``, where each
+    shared prefix was served (the prefix scorer's home)."""
 
     # Compare-and-set rounds before giving up when other gateways keep winning with
     # replicas this gateway cannot use.
@@ -173,7 +187,12 @@ class AssignedSessionPolicy(ProfilePolicy):
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-        super().__init__(decider, knobs, uses_cached_prefix=uses_cached_prefix)
+        super().__init__(
+            decider,
+            knobs,
+            uses_cached_prefix=uses_cached_prefix,
+            uses_shared_prefix=shared_prefixes,
+        )
         self._store = assignments
         self.ttl_s = ttl_s
         self.sessions = Placements()
@@ -194,7 +213,7 @@ class AssignedSessionPolicy(ProfilePolicy):
             current = hints.assignment
         else:
             current = await self._store.get_assignment(tenant, session)
-        parent_home, prefix_home = await self._homes(tenant, hints)
+        prefix_home = self._prefix_home(tenant, hints)
         for _ in range(self._MAX_ROUNDS):
             inp = RouteInput(
                 tenant,
@@ -204,7 +223,6 @@ class AssignedSessionPolicy(ProfilePolicy):
                 replicas,
                 exclude,
                 assignment=current,
-                parent_home=parent_home,
                 prefix_home=prefix_home,
                 turns=self.turns(),
             )
@@ -230,26 +248,55 @@ class AssignedSessionPolicy(ProfilePolicy):
             f"session {tenant}/{session}: assignment kept changing to unusable replicas"
         )
 
-    async def _homes(self, tenant: str, hints: RouteHints) -> tuple[str | None, str | None]:
-        """Where the session's parent is assigned and where its shared prefix was served."""
-        if self.prefixes is None:
-            return None, None
-        parent = (
-            await self._store.get_assignment(tenant, hints.parent_session)
-            if hints.parent_session
-            else None
-        )
-        prefix = self.prefixes.home((tenant, hints.prefix_key)) if hints.prefix_key else None
-        return parent, prefix
+    def _prefix_home(self, tenant: str, hints: RouteHints) -> str | None:
+        """Where the request's shared prefix was last served."""
+        if self.prefixes is None or not hints.prefix_key:
+            return None
+        return self.prefixes.home((tenant, hints.prefix_key))
 
     def _place(self, tenant: str, session: str, hints: RouteHints, url: str) -> None:
         self.sessions.place((tenant, session), url)
         if self.prefixes is not None and hints.prefix_key:
             self.prefixes.place((tenant, hints.prefix_key), url)
 
-    def forget(self, tenant: str, session: str) -> None:
-        """The session ended: stop counting it against its replica."""
-        self.sessions.forget((tenant, session))
+
+class PrefixTreePolicy(ProfilePolicy):
+    """A policy that keeps no assignment but remembers, per replica, the prompts it sent
+    there in an approximate prefix tree (vllm-router's ``cache_aware``): the decision reads
+    how much of this prompt each replica's tree matches (``RouteInput.matched``), and the
+    chosen replica's tree learns the prompt. The trees are trimmed to ``max_tree_size`` every
+    ``eviction_interval_s`` of ``clock``."""
+
+    def __init__(self, decider: Decider, knobs: Knobs, clock: Callable[[], float]) -> None:
+        super().__init__(decider, knobs)
+        cost = knobs.cost_model()
+        self.trees = PrefixTrees(cost.block_size, knobs.max_tree_size)
+        self._clock = clock
+        self._next_eviction = clock() + knobs.eviction_interval_s
+
+    async def _route(
+        self,
+        tenant: str,
+        session: str,
+        pool: ReplicaPool,
+        exclude: frozenset[str],
+        hints: RouteHints,
+    ) -> Decision:
+        now = self._clock()
+        if now >= self._next_eviction:
+            self.trees.evict()
+            self._next_eviction = now + self.knobs.eviction_interval_s
+        usable = routable(pool, exclude)
+        views = tuple(snapshot(r) for r in usable.values())
+        replicas = frozenset(r.url for r in pool.replicas)
+        chain = hints.block_chain if hints.block_chain is not None else ()
+        matched = {url: self.trees.matched(url, chain) for url in usable}
+        inp = RouteInput(
+            tenant, session, hints, views, replicas, exclude, turns=self.turns(), matched=matched
+        )
+        choice = self._decide(inp)
+        self.trees.insert(choice.url, chain)
+        return Decision(usable[choice.url], choice.reason)
 
 
 def make_policy(
@@ -257,15 +304,23 @@ def make_policy(
     *,
     assignments: AssignmentStore | None = None,
     ttl_s: float = ASSIGNMENT_TTL_S,
+    clock: Callable[[], float] = time.monotonic,
     **knobs: Any,
 ) -> ProfilePolicy:
     """Build a policy by config name from its registered composition. The store and TTL
-    matter only to the sticky ones; ``knobs`` (`Knobs` fields: ``rehome_margin``,
-    ``cost``, ...) only to the parts that read them."""
+    matter only to the sticky ones, ``clock`` only to one that keeps a prefix tree (when
+    it trims it); ``knobs`` (`Knobs` fields: ``rehome_margin``, ``cost``, ...) only to the
+    parts that read them."""
     spec = POLICIES.get(name)
     if spec is None:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+        known = ", ".join(SIMULATED_POLICY_NAMES)
+        raise ValueError(f"unknown routing policy {name!r}; known: {known}")
     settings = Knobs(**knobs)
+    if spec.prefix_tree:
+        try:
+            return PrefixTreePolicy(_decider(name, spec, settings), settings, clock)
+        except MissingKnob as missing:
+            raise ValueError(f"routing policy {name!r} needs {missing}") from None
     if spec.bound is None:
         decider = _decider(name, spec, settings)
         return ProfilePolicy(decider, settings, uses_cached_prefix=spec.uses_cached_prefix)

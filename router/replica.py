@@ -38,9 +38,18 @@ class Replica:
 
     @contextmanager
     def track(self) -> Iterator[None]:
-        """Count one gateway request against this replica while the block runs."""
-        self.in_flight += 1
+        """Count one gateway request against this replica while the block runs (the
+        simulator, whose requests span events, calls ``started`` and ``ended`` itself)."""
+        self.started()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self.ended()
+
+    def started(self) -> None:
+        """A request was sent here."""
+        self.in_flight += 1
+
+    def ended(self) -> None:
+        """A request sent here ended (its reply read to its end, or given up)."""
+        self.in_flight -= 1

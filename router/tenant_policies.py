@@ -27,9 +27,9 @@ class TenantPolicies:
         self.by_tenant = dict(by_tenant)
         # The gateway reads the session's accounting for this hint only when it matters
         # to some policy; the others ignore it.
-        self.uses_cached_prefix = any(
-            p.uses_cached_prefix for p in (default, *self.by_tenant.values())
-        )
+        policies = (default, *self.by_tenant.values())
+        self.uses_cached_prefix = any(p.uses_cached_prefix for p in policies)
+        self.uses_shared_prefix = any(p.uses_shared_prefix for p in policies)
 
     def policy_for(self, tenant: str) -> RoutingPolicy:
         """The tenant's own policy, else the default one."""

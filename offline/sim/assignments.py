@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from store import Assign
+
 T = TypeVar("T")
 
 
@@ -21,22 +23,32 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 class MemoryAssignments:
     """The AssignmentStore contract in a dict, with no TTL: simulated sessions end
-    explicitly and are forgotten then."""
+    explicitly and are forgotten then. ``read`` and ``write`` are what the gateway's
+    history lookup and history write do with a session's assignment (``store.Assign``'s
+    compare-and-set)."""
 
     def __init__(self) -> None:
         self._map: dict[tuple[str, str], str] = {}
 
-    async def get_assignment(self, tenant: str, session: str) -> str | None:
+    def read(self, tenant: str, session: str) -> str | None:
         return self._map.get((tenant, session))
+
+    def write(self, tenant: str, session: str, assign: Assign) -> str:
+        """Set to ``assign.replica`` if the assignment is ``assign.expected`` or absent;
+        the assignment in force afterwards."""
+        current = self._map.get((tenant, session))
+        if current is None or current == assign.expected:
+            self._map[(tenant, session)] = assign.replica
+            return assign.replica
+        return current
+
+    async def get_assignment(self, tenant: str, session: str) -> str | None:
+        return self.read(tenant, session)
 
     async def set_assignment(
         self, tenant: str, session: str, replica: str, *, expected: str | None, ttl_s: float
     ) -> str:
-        current = self._map.get((tenant, session))
-        if current is None or current == expected:
-            self._map[(tenant, session)] = replica
-            return replica
-        return current
+        return self.write(tenant, session, Assign(replica, expected, ttl_s))
 
     def forget(self, tenant: str, session: str) -> None:
         self._map.pop((tenant, session), None)

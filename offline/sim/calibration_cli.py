@@ -261,7 +261,7 @@ def compare_command(
     settings, cells = read_runs(list(experiments))
     if not cells:
         raise click.UsageError(
-            f"{', '.join(map(str, experiments))}: no fixed-work gateway cells with results"
+            f"{', '.join(map(str, experiments))}: no fixed-work cells with results"
         )
     cost = get_preset(preset)
     if int(settings.get("block_size", cost.block_size)) != cost.block_size:

@@ -31,8 +31,9 @@ from offline.sim.report import markdown_table, write_outputs
 from offline.sim.result import CellResult
 from offline.sim.run_cells import run_cells
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
-from router import COST_PRESETS, POLICY_NAMES
+from router import COST_PRESETS, SIMULATED_POLICY_NAMES
 from router.cost import CostModel, get_preset
+from router.registry import ADMISSIONS
 
 
 @click.command("simulate")
@@ -62,7 +63,15 @@ from router.cost import CostModel, get_preset
     "policies",
     default="sticky,sticky_cost,least_loaded,round_robin",
     show_default=True,
-    help=f"Routing policies ({', '.join(POLICY_NAMES)}).",
+    help=f"Routing policies ({', '.join(SIMULATED_POLICY_NAMES)}; cache_aware, "
+    "consistent_hash and sticky_least_loaded are vllm-router's, modelled).",
+)
+@click.option(
+    "--admission",
+    type=click.Choice(sorted(ADMISSIONS)),
+    default="off",
+    show_default=True,
+    help="The gateway's admission decision (router.registry.ADMISSIONS).",
 )
 @click.option(
     "--strategy",
@@ -130,6 +139,7 @@ def simulate_command(
     concurrency: str,
     arrival_rate: str | None,
     policies: str,
+    admission: str,
     strategies: str,
     duration: float,
     warmup: float,
@@ -168,6 +178,7 @@ def simulate_command(
         configs = _cell_configs(
             cost, comma_list(policies), comma_list(strategies), concurrency, arrival_rate,
             replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think, seed=seed,
+            admission=admission,
         )  # fmt: skip
         replay_config = ReplayConfig(
             strategies=comma_list(strategies), k=k, budget=budget, block_size=cost.block_size
@@ -192,6 +203,7 @@ def simulate_command(
         "duration / warm-up (s)": f"{duration:g} / {warmup:g}",
         "think time mean (s)": think,
         "seed": seed,
+        "admission": admission,
         "trajectories": len(workload.trajectories),
         "tokenizer": workload.tokenizer,
         "shared in cache": share,
@@ -269,7 +281,7 @@ def _cell_configs(
     **common: Any,
 ) -> list[SimConfig]:
     """One cell per load x strategy x policy; ValueError for a load that is no number."""
-    unknown = sorted(set(policy_names) - set(POLICY_NAMES))
+    unknown = sorted(set(policy_names) - set(SIMULATED_POLICY_NAMES))
     if unknown or not policy_names:
         raise click.BadParameter(f"unknown policy {unknown}", param_hint="--policy")
     loads: list[dict[str, Any]] = (

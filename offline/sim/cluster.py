@@ -4,11 +4,14 @@ R modelled vLLM replicas.
 Agent sessions arrive at a fixed concurrency (a finished session is replaced at once) or
 as a Poisson process. Each replays one trajectory step by step: it sends a request, waits
 for the whole reply, "runs the tool" for an exponentially distributed think time, and sends
-the next. Every request is routed by the policy ``router.make_policy`` builds, through the
-same ``choose`` the gateway calls, against a ``ReplicaPool`` whose replicas carry what the
-gateway would see: the last scrape of each engine (running, waiting, KV usage; every
-``scrape_interval_s``) and the gateway's own in-flight count. Sticky policies keep their
-assignments in an in-memory store with the same compare-and-set contract as the real ones.
+the next. Every request is routed along the gateway's own path (``offline.sim.routing``:
+the assignment read with the history, the same hints, the policy ``router.make_policy``
+builds deciding, the admission seam, the in-flight count, the assignment written at the
+first token) against a ``ReplicaPool`` whose replicas carry what the gateway would see: the
+last scrape of each engine (running, waiting, KV usage; every ``scrape_interval_s``) and the
+gateway's own in-flight count. A request the admission seam holds back waits at the
+gateway, first come first served, and is asked again at its ``retry_at`` and whenever a
+reply ends.
 
 Everything random comes from the seed: session s draws its trajectory and think times from
 its own generator, so two cells (policies, strategies) with one seed replay the same
@@ -21,22 +24,25 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from gateway.config import GatewayConfig
-from offline.sim.assignments import MemoryAssignments, run_sync
+from offline.sim.assignments import MemoryAssignments
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.result import CellResult
-from offline.sim.workload import Workload
-from router import Decision, ReplicaMetrics, ReplicaPool, RouteHints, make_policy
+from offline.sim.routing import Routed, SimRouting
+from offline.sim.workload import SIM_TENANT, Workload
+from router import ReplicaMetrics, ReplicaPool, make_policy
 from router.cost import CostModel
-from router.policies import AssignedSessionPolicy
+from router.knobs import Knobs
+from router.policies import PrefixTreePolicy
+from router.registry import ADMISSIONS
 
-_STEP_END, _SEND, _SCRAPE, _ARRIVE, _ENQUEUE = range(5)
-_TENANT = "sim"
+_STEP_END, _SEND, _SCRAPE, _ARRIVE, _ENQUEUE, _RETRY = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,8 @@ class SimConfig:
     # from its first request): with ``routes``, the run's schedule, so which requests share
     # a replica's pool at a time is the run's too.
     send_times: Mapping[tuple[int, int], float] | None = None
+    # The admission seam's implementation (``router.registry.ADMISSIONS``).
+    admission: str = "off"
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -78,6 +86,9 @@ class SimConfig:
             raise ValueError("think_s must be >= 0 and scrape_interval_s positive")
         if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {self.sessions}")
+        if self.admission not in ADMISSIONS:
+            known = ", ".join(sorted(ADMISSIONS))
+            raise ValueError(f"unknown admission {self.admission!r}; known: {known}")
 
     @property
     def load(self) -> str:
@@ -89,11 +100,19 @@ class SimConfig:
 @dataclass(slots=True)
 class _Session:
     index: int
+    seed: int
     trajectory: str
     rng: random.Random
     base: int  # offset of its own block ids
     step: int = 0
     last_prompt: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Its session id: salted by the seed, so a policy that hashes session ids (a hash
+        ring, a rendezvous tie-break) draws another placement with each seed, as a real
+        run's session ids are a draw of their own."""
+        return f"{self.seed}:{self.index}"
 
 
 def simulate(
@@ -122,13 +141,26 @@ class _Cluster:
             r.metrics = ReplicaMetrics(running=0, waiting=0, kv_cache_usage=0.0)
         self.index_of = {u: i for i, u in enumerate(urls)}
         self.assignments = MemoryAssignments()
+        self.now = 0.0
+        knobs = {"cost": self.cost, "rehome_margin": GatewayConfig.rehome_margin}
         self.policy = make_policy(
             config.policy,
             assignments=self.assignments,
-            cost=self.cost,
+            clock=lambda: self.now,
             # The gateway's own default, so "sticky" is sticky as deployed today.
-            rehome_margin=GatewayConfig.rehome_margin,
+            **knobs,
         )
+        self.routing = SimRouting(
+            self.policy,
+            self.pool,
+            self.assignments,
+            ADMISSIONS[config.admission](Knobs(**knobs)),
+        )
+        self.reads_chain = isinstance(self.policy, PrefixTreePolicy)
+        # Each session's request in flight (a session has one at a time), and the routed
+        # requests the admission seam holds at the gateway, in arrival order.
+        self.routed: dict[int, Routed] = {}
+        self.held: deque[tuple[Routed, SimRequest]] = deque()
         self.engines = [
             SimReplica.create(i, self.cost, config.seed) for i in range(config.replicas)
         ]
@@ -173,6 +205,7 @@ class _Cluster:
             if now >= config.duration_s:
                 now = config.duration_s
                 break
+            self.now = now
             if counters_at_warmup is None and now >= config.warmup_s:
                 counters_at_warmup = _counters(self.engines)
             if on_progress is not None and now - last_progress >= 5.0:
@@ -189,6 +222,8 @@ class _Cluster:
                 self.scrape(now)
             elif kind == _ARRIVE:
                 self.arrive(now)
+            elif kind == _RETRY:
+                self.admit_held(now)
         if counters_at_warmup is None:  # the run ended within its warm-up
             counters_at_warmup = _counters(self.engines)
         self.measure(now, counters_at_warmup)
@@ -232,7 +267,7 @@ class _Cluster:
         rng = random.Random(config.seed * 1_000_003 + self.started)
         trajectory = self.order[self.started % len(self.order)]
         run = self.workload.runs[(trajectory, config.strategy)]
-        s = _Session(self.started, trajectory, rng, self.next_id)
+        s = _Session(self.started, config.seed, trajectory, rng, self.next_id)
         self.next_id += run.local_ids
         for e in self.engines:
             e.pool.ensure(self.next_id)
@@ -251,22 +286,24 @@ class _Cluster:
         config = self.config
         step = self.workload.runs[(s.trajectory, config.strategy)].steps[s.step]
         ids = np.concatenate([step.head, step.own + s.base]) if len(step.own) else step.head
-        hints = RouteHints(
-            prompt_tokens=step.prompt_tokens,
-            cached_prefix_tokens=s.last_prompt,
-            prefix_key=str(int(step.head[-1])) if len(step.head) else None,
-            prefix_tokens=step.head_tokens,
-        )
         if config.routes is None:
-            decision = run_sync(self.policy.choose(_TENANT, str(s.index), self.pool, hints=hints))
+            routed = self.routing.route(
+                SIM_TENANT,
+                s.key,
+                prompt_tokens=step.prompt_tokens,
+                last_prompt_tokens=s.last_prompt,
+                prefix=step.prefix,
+                now=now,
+                block_chain=ids.tolist() if self.reads_chain else None,
+            )
         else:
-            decision = Decision(self.pool.replicas[config.routes[(s.index, s.step)]], "replayed")
-        if decision.moved_from is not None and now >= config.warmup_s:
+            replica = self.pool.replicas[config.routes[(s.index, s.step)]]
+            routed = self.routing.replayed(SIM_TENANT, s.key, replica, now)
+        if routed.decision.moved_from is not None and now >= config.warmup_s:
             self.result.moves += 1
-        decision.replica.in_flight += 1
         req = SimRequest(
             s.index,
-            self.index_of[decision.replica.url],
+            self.index_of[routed.replica.url],
             ids,
             step.prompt_tokens,
             step.output_tokens,
@@ -274,9 +311,41 @@ class _Cluster:
             sent=now,
         )
         s.last_prompt = step.prompt_tokens
+        self.routed[s.index] = routed
+        if self.held:  # first come, first served: behind those already waiting
+            self.held.append((routed, req))
+            return
+        verdict = self.routing.admit(routed, now)
+        if not verdict.admit:
+            self.hold(now, routed, req, verdict.retry_at)
+            return
+        self.dispatch(now, req)
+
+    def hold(self, now: float, routed: Routed, req: SimRequest, retry_at: float | None) -> None:
+        """The admission seam holds the request at the gateway."""
+        self.held.append((routed, req))
+        if retry_at is not None:
+            self.push(max(now, retry_at), _RETRY)
+
+    def admit_held(self, now: float) -> None:
+        """Ask again for the held requests, in arrival order, until one is refused."""
+        while self.held:
+            routed, req = self.held[0]
+            verdict = self.routing.admit(routed, now)
+            if not verdict.admit:
+                if verdict.retry_at is not None:
+                    self.push(max(now, verdict.retry_at), _RETRY)
+                return
+            self.held.popleft()
+            self.dispatch(now, req)
+
+    def dispatch(self, now: float, req: SimRequest) -> None:
+        """An admitted request on its way to its replica's engine."""
+        if req.sent >= self.config.warmup_s:
+            self.result.admission_wait_s.append(now - req.sent)
         if self.cost.per_request_s > 0:
-            self.in_transit[s.index] = req
-            self.push(now + self.cost.per_request_s, _ENQUEUE, s.index)
+            self.in_transit[req.session] = req
+            self.push(now + self.cost.per_request_s, _ENQUEUE, req.session)
         else:
             self.enqueue(now, req)
 
@@ -297,7 +366,9 @@ class _Cluster:
         engine = self.engines[replica]
         if version != engine.version or not engine.busy:
             return  # an end that moved: an arrival cut the decode jump short
-        _, done = engine.finish_step(now)
+        first, done = engine.finish_step(now)
+        for req in first:
+            self.routing.accepted(self.routed[req.session])
         for req in done:
             self.finished(now, req)
         end = engine.start_step(now)
@@ -307,7 +378,7 @@ class _Cluster:
     def finished(self, now: float, req: SimRequest) -> None:
         config, result = self.config, self.result
         s = self.sessions[req.session]
-        self.pool.replicas[req.replica].in_flight -= 1
+        self.routing.ended(self.routed.pop(req.session), now)
         self.last_finish = now
         if req.sent >= config.warmup_s:
             result.requests += 1
@@ -319,13 +390,14 @@ class _Cluster:
         if s.step < len(run.steps):
             think = s.rng.expovariate(1 / config.think_s) if config.think_s else 0.0
             self.push(self.send_time(s, now + think), _SEND, s.index)
-            return
-        del self.sessions[s.index]
-        self.assignments.forget(_TENANT, str(s.index))
-        if isinstance(self.policy, AssignedSessionPolicy):
-            self.policy.forget(_TENANT, str(s.index))
-        if config.concurrency is not None and now < config.duration_s:
-            self.start_session(now)
+        else:
+            # The store's TTL would drop the assignment; the policy keeps counting the session
+            # on its replica, as the gateway's does (nothing tells it a session ended).
+            del self.sessions[s.index]
+            self.assignments.forget(SIM_TENANT, s.key)
+            if config.concurrency is not None and now < config.duration_s:
+                self.start_session(now)
+        self.admit_held(now)
 
     def scrape(self, now: float) -> None:
         """The gateway's scrape of every engine; measured from the warm-up on."""

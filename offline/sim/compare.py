@@ -3,11 +3,16 @@ output, simulated with the same settings, beside what the real replicas reported
 
 An experiment folder (``python -m loadtests.experiment --out DIR``) holds ``profile.json``
 (the settings and cells) and ``results.csv`` (one row per cell, vLLM's own counters). Each
-gateway cell with fixed work (``load = "sessions"``: ``users`` Locust users, user i
-replaying the i-th trajectory as loaded, ``max_steps`` steps, no think time, the recorded
-reply lengths) becomes a ``SimConfig`` with the same replicas, KV pool, routing policy and
-strategy; the simulator's replica shape comes from the ``cpu-tiny`` preset with the cell's
-KV pool.
+cell with fixed work (``load = "sessions"``: ``users`` Locust users, user i replaying the
+i-th trajectory as loaded, ``max_steps`` steps, no think time, the recorded reply lengths)
+becomes a ``SimConfig`` with the same replicas, KV pool, routing policy and strategy; the
+simulator's replica shape comes from the ``cpu-tiny`` preset with the cell's KV pool. The
+arms (``ARMS``): foldgate's (``arm = "gateway"``: its ``routing`` and ``strategy``),
+vllm-router's (``arm = "vllm_router"``: its ``router_policy``, one the simulator models
+(``router.PEER_POLICY_NAMES``), over the harness's prompts as sent, ``base``) and the
+straight round-robin (``arm = "no_gateway"``: ``round_robin`` over ``base``). A figure a
+results row lacks (a cell transcribed from a report that did not give it) is NaN, orders
+nothing and is shown as such.
 
 Several runs of one profile can be compared at once: the measured figures are their mean.
 Two cells count as ordered (by queue time or throughput) only where their difference is
@@ -48,6 +53,7 @@ from offline.sim.ordering import Ordering, ordering
 from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest
 from offline.sim.workload import Workload
+from router import PEER_POLICY_NAMES
 from router.cost import CostModel
 
 # vLLM's bucket bounds for vllm:request_queue_time_seconds (REQUEST_LATENCY_BUCKETS in
@@ -72,6 +78,8 @@ def bucket_bound(seconds: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class LocustCell:
+    """One measured cell; ``routing`` is the policy the simulator runs for it."""
+
     name: str
     strategy: str
     routing: str
@@ -79,9 +87,11 @@ class LocustCell:
     kv_cache_bytes: int
     measured: dict[str, str]
     folder: Path
+    arm: str = "gateway"
 
     def number(self, column: str) -> float:
-        return float(self.measured[column])
+        value = self.measured.get(column)
+        return float(value) if value not in (None, "") else float("nan")
 
     def served(self) -> list[ServedRequest]:
         """The cell's requests as its Locust users logged them."""
@@ -89,24 +99,47 @@ class LocustCell:
         return [r for r in records if r is not None]
 
 
+ARMS = ("gateway", "vllm_router", "no_gateway")
+
+
+def simulated_arm(cell: dict[str, Any]) -> tuple[str, str] | None:
+    """The (policy, strategy) the simulator runs for a measured cell of ``profile.json``,
+    or None for an arm it does not model."""
+    arm = cell.get("arm", "gateway")
+    if arm == "gateway":
+        return cell["routing"], cell["strategy"]
+    if arm == "vllm_router":
+        policy = cell.get("router_policy") or cell.get("routing")
+        return (policy, "base") if policy in PEER_POLICY_NAMES else None
+    if arm == "no_gateway":
+        return "round_robin", "base"
+    return None
+
+
 def read_experiment(folder: Path) -> tuple[dict[str, Any], list[LocustCell]]:
-    """The experiment's settings and its fixed-work gateway cells that have results."""
+    """The experiment's settings and its fixed-work cells of the arms the simulator
+    models (``simulated_arm``) that have results."""
     profile = json.loads((folder / "profile.json").read_text())
     with (folder / "results.csv").open(newline="") as f:
         rows = {row["cell"]: row for row in csv.DictReader(f)}
-    cells = [
-        LocustCell(
-            name=c["cell"],
-            strategy=c["strategy"],
-            routing=c["routing"],
-            users=int(c["users"]),
-            kv_cache_bytes=int(c["kv_cache_bytes"]),
-            measured=rows[c["cell"]],
-            folder=folder,
+    cells = []
+    for c in profile["cells"]:
+        simulated = simulated_arm(c)
+        if simulated is None or c["load"] != "sessions" or c["cell"] not in rows:
+            continue
+        policy, strategy = simulated
+        cells.append(
+            LocustCell(
+                name=c["cell"],
+                strategy=strategy,
+                routing=policy,
+                users=int(c["users"]),
+                kv_cache_bytes=int(c["kv_cache_bytes"]),
+                measured=rows[c["cell"]],
+                folder=folder,
+                arm=c.get("arm", "gateway"),
+            )
         )
-        for c in profile["cells"]
-        if c["arm"] == "gateway" and c["load"] == "sessions" and c["cell"] in rows
-    ]
     return profile["settings"], cells
 
 
@@ -312,7 +345,7 @@ def orderings(compared: list[Compared]) -> dict[str, Ordering]:
 def markdown(compared: list[Compared]) -> str:
     rows = [c.row() for c in compared]
     if not rows:
-        return "no fixed-work gateway cells with results"
+        return "no fixed-work cells with results"
     keys = list(rows[0])
 
     def fmt(key: str, v: Any) -> str:

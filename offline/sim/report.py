@@ -27,6 +27,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("moves", "moves"),
     ("kv_usage_mean", "KV mean"),
     ("kv_usage_max", "KV max"),
+    ("admission_wait_max_s", "admission wait max s"),
 )
 
 

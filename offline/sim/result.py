@@ -27,6 +27,8 @@ class CellResult:
     kv_time: list[float] = field(default_factory=list)
     kv_mean: list[float] = field(default_factory=list)
     kv_max: list[float] = field(default_factory=list)
+    # Each measured request's wait at the gateway's admission seam (0 when admitted at once).
+    admission_wait_s: list[float] = field(default_factory=list)
 
     @property
     def hit_rate(self) -> float:
@@ -58,4 +60,5 @@ class CellResult:
             "moves": self.moves,
             "kv_usage_mean": round(mean(self.kv_mean), 4),
             "kv_usage_max": round(max(self.kv_max, default=0.0), 4),
+            "admission_wait_max_s": round(max(self.admission_wait_s, default=0.0), 4),
         }

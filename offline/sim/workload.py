@@ -15,6 +15,10 @@ result. A request is kept as the ids of its full prompt blocks (chained block ha
   so two sessions replaying the same recording do not share their task-specific context
   (real sessions do different tasks). ``share="all"`` shares them instead (a load test
   that replays the same file from many users without a per-user salt does).
+
+Each request also carries the shared-prefix hint the gateway computes from the same
+rendered prompt (``router.session_route.shared_prefix``, for the simulator's one tenant
+``SIM_TENANT``), so the simulated policy reads what the deployed one reads.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from gateway.tokens import ChatTokenizer, SessionPrompts
 from gateway.transcript import Transcript
 from offline.prefix_cache import PrefixCache
 from offline.replay import ReplayConfig, TrajectoryLike, requests_of
+from router.session_route import SharedPrefix, shared_prefix
 
 SHARE_MODES = ("head", "all")
+# The tenant every simulated session belongs to.
+SIM_TENANT = "sim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ class Step:
     output_tokens: int
     head_tokens: int
     tokens: np.ndarray | None = None  # the prompt's token ids, when kept (calibration)
+    prefix: SharedPrefix | None = None  # the gateway's shared-prefix hint for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +176,7 @@ class _Rendered:
     reply_tokens: int
     head_tokens: int
     tokens: np.ndarray | None
+    prefix: SharedPrefix | None
 
 
 def _render_run(
@@ -199,6 +208,7 @@ def _render_run(
                 reply_tokens=reply,
                 head_tokens=_head_tokens(chat, rendered.transcript),
                 tokens=np.asarray(ids, dtype=np.int32) if keep_tokens else None,
+                prefix=shared_prefix(SIM_TENANT, rendered.transcript),
             )
         )
         if on_request is not None:
@@ -237,6 +247,7 @@ def _name_blocks(
                 output_tokens=max(1, min(r.reply_tokens, max_output_tokens)),
                 head_tokens=n_head * block_size,
                 tokens=r.tokens,
+                prefix=r.prefix,
             )
         )
     return tuple(steps), len(local)

@@ -1,5 +1,5 @@
-"""Prefers the replica most likely holding this request's prefix: where a forked session's
-parent lives, or where the same agent's shared prefix (tools and system prompt) was last
+"""Prefers the replica most likely holding this request's prefix: where the same agent's
+shared prefix (tools and system prompt, ``router.session_route.shared_prefix``) was last
 served. Scores the prefill seconds that prefix saves there. The session's own replica is
 the cached-prefix scorer's to price; counting the shared prefix there again would count it
 twice."""
@@ -25,5 +25,5 @@ class PrefixScorer:
 
     def score(self, ctx: RouteContext, candidates: Sequence[Candidate]) -> list[float]:
         saved = self.cost.prefill_s(ctx.hints.prefix_tokens)
-        homes = {ctx.parent_home, ctx.prefix_home} - {None, ctx.current}
-        return [saved if c.url in homes else 0.0 for c in candidates]
+        home = ctx.prefix_home if ctx.prefix_home != ctx.current else None
+        return [saved if c.url == home else 0.0 for c in candidates]

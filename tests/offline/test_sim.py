@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
 from offline.sim.cluster import SimConfig, simulate
-from offline.sim.compare import bucket_bound
+from offline.sim.compare import bucket_bound, read_experiment
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
@@ -27,7 +28,9 @@ from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
 from offline.sim.workload import build_workload
 from router import make_policy
+from router.admission_seam import AdmissionRequest, AdmissionVerdict
 from router.cost import CostModel
+from router.registry import ADMISSIONS
 
 
 def ids(*xs: int) -> np.ndarray:
@@ -502,7 +505,7 @@ def test_simulate_compare_and_fit_read_locust_experiments(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.output.splitlines() if line.startswith("| base_sticky")]
     assert row.startswith("| base_sticky_u2 | 60.0% |")  # the runs' mean, then simulated
-    assert "no-gw" not in result.output  # only fixed-work gateway cells are simulated
+    assert "no-gw" not in result.output  # only fixed-work cells are simulated
     assert "mean of 2 runs; simulated: 20 simulations pooled; prefix hit within" in result.output
     assert "same order by steps/min: yes (0 of 0 pairs ordered" in result.output
     one = CliRunner().invoke(main, ["simulate-compare", runs[0], "--root", str(tmp_path),
@@ -665,7 +668,8 @@ def test_sessions_starting_together_are_routed_in_session_order(
         simulate(workload, config)
         return routed[:5]
 
-    orders = {tuple(first_routed(seed)) for seed in range(6)}
+    # Session ids are salted by the seed ("seed:index"); the order is the sessions'.
+    orders = {tuple(s.split(":")[1] for s in first_routed(seed)) for seed in range(6)}
     assert orders == {("0", "1", "2", "3", "4")}
 
 
@@ -674,3 +678,84 @@ def test_a_replica_keeps_one_block_out_as_vllms_null_block() -> None:
     # pool of N blocks holds N - 1 for requests and the prefix cache.
     model = cost()
     assert SimReplica.create(0, model).pool.capacity == model.kv_pool_blocks - 1
+
+
+def test_peer_cells_are_read_in_foldgates_format_and_simulated_by_their_policy(
+    tmp_path: Path,
+) -> None:
+    """vllm-router's cells (arm vllm_router, its router_policy) and the straight round-robin
+    calibrate like foldgate's; an arm the simulator does not model is left out, and a figure
+    the results row lacks is NaN."""
+    cells = [
+        {"cell": "peer-ch", "arm": "vllm_router", "strategy": "-", "routing": "-",
+         "router_policy": "consistent_hash", "users": 2, "kv_cache_bytes": 1, "load": "sessions"},
+        {"cell": "peer-kv", "arm": "vllm_router", "strategy": "-", "routing": "-",
+         "router_policy": "kv_aware", "users": 2, "kv_cache_bytes": 1, "load": "sessions"},
+        {"cell": "rr", "arm": "no_gateway", "strategy": "-", "routing": "round_robin",
+         "users": 2, "kv_cache_bytes": 1, "load": "sessions"},
+        {"cell": "fg", "arm": "gateway", "strategy": "refold", "routing": "sticky",
+         "users": 2, "kv_cache_bytes": 1, "load": "sessions"},
+    ]  # fmt: skip
+    (tmp_path / "profile.json").write_text(json.dumps({"settings": {}, "cells": cells}))
+    (tmp_path / "results.csv").write_text(
+        "cell,vllm_prefix_hit_rate,vllm_queue_time_mean_s\npeer-ch,0.8,\npeer-kv,0.7,0.1\n"
+        "rr,0.5,0.2\nfg,0.78,0.3\n"
+    )
+    _, read = read_experiment(tmp_path)
+    assert [(c.name, c.arm, c.routing, c.strategy) for c in read] == [
+        ("peer-ch", "vllm_router", "consistent_hash", "base"),
+        ("rr", "no_gateway", "round_robin", "base"),
+        ("fg", "gateway", "sticky", "refold"),
+    ]
+    assert read[0].number("vllm_prefix_hit_rate") == 0.8
+    assert math.isnan(read[0].number("vllm_queue_time_mean_s"))
+    assert math.isnan(read[0].number("ttft_p50_ms"))
+
+
+class OneAtATime:
+    """A test admission: a request waits while its replica serves another (retry at the
+    next reply end), so the seam's hold, retry and release paths all run."""
+
+    def __init__(self) -> None:
+        self.busy: set[str] = set()
+
+    @classmethod
+    def from_knobs(cls, knobs: Any) -> OneAtATime:
+        return cls()
+
+    def decide(self, request: AdmissionRequest) -> AdmissionVerdict:
+        if request.replica in self.busy:
+            return AdmissionVerdict(False, "busy")
+        return AdmissionVerdict(True)
+
+    def started(self, request: AdmissionRequest) -> None:
+        self.busy.add(request.replica)
+
+    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
+        self.busy.discard(replica)
+
+
+def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(ADMISSIONS, "one_at_a_time", OneAtATime.from_knobs)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    steps = len(workload.runs[("tiny", "base")].steps)
+
+    def run(admission: str) -> CellResult:
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(kv_pool_tokens=50_000),
+                           replicas=2, concurrency=6, sessions=6, think_s=0.0, warmup_s=0.0,
+                           admission=admission)  # fmt: skip
+        return simulate(workload, config)
+
+    held = run("one_at_a_time")
+    assert held.requests == 6 * steps  # nobody starves: every session ran to its end
+    assert len(held.admission_wait_s) == held.requests
+    assert max(held.admission_wait_s) > 0  # some waited at the gateway
+    off = run("off")  # the default: every request goes at once
+    assert off.requests == 6 * steps and max(off.admission_wait_s) == 0.0
+    assert off.window_s < held.window_s

@@ -73,13 +73,14 @@ def test_cached_prefix_scorer_prices_the_sessions_replica_only() -> None:
     assert a_unknown == pytest.approx(COST.prefill_s(4000) * 1.5 + 0.1)
 
 
-def test_prefix_scorer_prefers_the_shared_prefix_and_the_parent_but_not_twice() -> None:
+def test_prefix_scorer_prefers_the_shared_prefix_but_not_twice() -> None:
     scorer = PrefixScorer(COST)
-    c = RouteContext(
-        "t", "s", RouteHints(prefix_tokens=1000), current="a", parent_home="b", prefix_home="a"
-    )
-    scores = scorer.score(c, [cand("a"), cand("b"), cand("c")])
+    away = RouteContext("t", "s", RouteHints(prefix_tokens=1000), current="a", prefix_home="b")
+    scores = scorer.score(away, [cand("a"), cand("b"), cand("c")])
     assert scores == [0.0, pytest.approx(COST.prefill_s(1000)), 0.0]
+    # On the session's own replica the cached-prefix scorer prices it already.
+    home = RouteContext("t", "s", RouteHints(prefix_tokens=1000), current="a", prefix_home="a")
+    assert scorer.score(home, [cand("a"), cand("b")]) == [0.0, 0.0]
 
 
 def test_fit_scorer_prefers_free_kv_then_fewer_bound_sessions() -> None:
@@ -184,7 +185,7 @@ async def test_sticky_cost_new_sessions_go_where_they_fit(assignments: Assignmen
     assert second.replica is a
 
 
-async def test_sticky_cost_sends_a_fork_to_its_parent_and_an_agent_to_its_prefix(
+async def test_sticky_cost_sends_a_new_session_of_an_agent_to_its_prefix(
     assignments: AssignmentStore,
 ) -> None:
     pool = static_pool([0, 0, 0])
@@ -197,13 +198,6 @@ async def test_sticky_cost_sends_a_fork_to_its_parent_and_an_agent_to_its_prefix
     )
     for r in pool.replicas:
         r.metrics = busy(0)
-    parent = await policy.choose("t", "p", pool, hints=RouteHints(prompt_tokens=100))
-    for _ in range(3):  # other new sessions land elsewhere (fewest bound)
-        await policy.choose("t", f"x{_}", pool, hints=RouteHints(prompt_tokens=100))
-    fork = await policy.choose(
-        "t", "child", pool, hints=RouteHints(parent_session="p", prefix_tokens=3000)
-    )
-    assert fork.replica is parent.replica
     agent = RouteHints(prefix_key="agent-1", prefix_tokens=3000)
     first = await policy.choose("t", "a1", pool, hints=agent)
     second = await policy.choose("t", "a2", pool, hints=agent)

@@ -54,6 +54,7 @@ async def test_tenant_policies_compose_any_routing_policy_through_its_public_api
 
         name = "fixed"
         uses_cached_prefix = True
+        uses_shared_prefix = False
 
         def __init__(self) -> None:
             self.calls: list[tuple[str, str, tuple[str, ...]]] = []
