@@ -118,7 +118,7 @@ class Pipeline:
             status = "ok"
             chunks = self.replies(ingested, started)  # restore, then account
             kept = partial(remember_reply, self.store, ingested, started.stored)
-            exchange = Exchange(body, remember=kept)
+            exchange = Exchange(body, remember=kept, context_edits=started.rendering.applied_edits)
             answer = await reply(
                 dialect, request, ingested, started.opened, chunks, exchange, lease
             )
