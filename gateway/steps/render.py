@@ -25,11 +25,18 @@ from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec, parse_spec
 from gateway.lru import LRU
 from gateway.steps.render_call import RenderCall
-from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
+from gateway.tokens import BYTES_PER_TOKEN, TokenCount, estimate_tokens
 from gateway.transcript import Transcript
 
 # An entry of a strategy without a cache: its key and bookkeeping (measured ~400 B).
 CACHE_ENTRY_BYTES = 512
+
+
+def calibrated(count_tokens: TokenCount, ratio: float | None) -> TokenCount:
+    """``count_tokens`` scaled by ``ratio`` (the replicas' tokens per counted token)."""
+    if ratio is None:
+        return count_tokens
+    return lambda message: round(count_tokens(message) * ratio)
 
 
 def cache_memory(strategy: str | StrategySpec, history_tokens: int, messages: int = 0) -> int:
@@ -119,13 +126,14 @@ class Render:
         params = prepared.transcript.params
         edits = params.get(CONTEXT_MANAGEMENT) if params.get(DIALECT_PARAM) == ANTHROPIC else None
         if edits is not None:
-            # Anthropic's context editing, on the strategy's rendering (checked at decode).
+            # Anthropic's context editing, on the strategy's rendering (checked at decode),
+            # counted in the replicas' tokens as far as the session's replies calibrate them.
             edited = apply_context_edits(
                 transcript,
                 prepared.transcript.with_messages(prepared.history),
                 prepared.state,
                 parse_context_management(edits),
-                estimate_tokens,
+                calibrated(estimate_tokens, self.guard.prompt_ratio(session)),
                 stats.restore_tool,
             )
             transcript, prepared.applied_edits = edited.transcript, edited.applied
