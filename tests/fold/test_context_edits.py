@@ -21,6 +21,7 @@ from gateway.dialects.errors import DialectError
 from gateway.fold.context_edits import apply_context_edits, cleared_note
 from gateway.fold.renderer import RenderState
 from gateway.fold.restore import restore_outputs
+from gateway.steps.render import calibrated
 from gateway.tokens import estimate_tokens
 from gateway.transcript import Thinking, Transcript
 
@@ -238,3 +239,17 @@ def test_bad_context_management_is_refused_at_decode(raw: dict, param: str) -> N
     with pytest.raises(DialectError) as err:
         decode_request(body)
     assert err.value.param == param
+
+
+def test_counts_in_the_replicas_tokens_follow_the_calibration() -> None:
+    history = decode_request(claude_code_body())
+    parsed = parse_context_management(
+        {"edits": [{"type": CLEAR_TOOL_USES, "trigger": {"type": "tool_uses", "value": 1}}]}
+    )
+    plain = apply_context_edits(history, history, RenderState(), parsed, estimate_tokens)
+    scaled = apply_context_edits(
+        history, history, RenderState(), parsed, calibrated(estimate_tokens, 1.5)
+    )
+    assert scaled.transcript == plain.transcript
+    (a,), (b,) = plain.applied, scaled.applied
+    assert abs(b.cleared_input_tokens - 1.5 * a.cleared_input_tokens) <= 2 * len(CALLS)
