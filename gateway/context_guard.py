@@ -236,6 +236,15 @@ class ContextGuard:
         if held is None or ratio > held or ratio < held - 2 * RATIO_STEP:
             session.ratio = rounded_ratio(ratio)
 
+    def prompt_ratio(self, key: Hashable) -> float | None:
+        """The replicas' prompt tokens per estimated token for session ``key`` (its own
+        calibration, else the latest reply's), for counts that must be in the model's
+        tokens; None before any reply was observed."""
+        session = self._sessions.get(key)
+        if session is not None and session.ratio is not None:
+            return session.ratio
+        return self._recent[-1] if self._recent else None
+
     def _session(self, key: Hashable) -> _Session:
         session = self._sessions.get(key)
         if session is None:

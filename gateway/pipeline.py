@@ -52,6 +52,7 @@ from gateway.steps.render import Render
 from gateway.steps.render_call import Rendering, keep, render
 from gateway.steps.reply import Reply, reply
 from gateway.steps.restore import Placed, RestoreLoop, Restoring, placed
+from gateway.steps.rewrites import with_cleared_results_restored
 from gateway.tenants import Tenants, salt_secret
 from gateway.upstream import ChatStream, UpstreamClient
 from router import ReplicaPool, RoutingPolicy
@@ -118,7 +119,7 @@ class Pipeline:
             status = "ok"
             chunks = self.replies(ingested, started)  # restore, then account
             kept = partial(remember_reply, self.store, ingested, started.stored)
-            exchange = Exchange(body, remember=kept)
+            exchange = Exchange(body, remember=kept, context_edits=started.rendering.applied_edits)
             answer = await reply(
                 dialect, request, ingested, started.opened, chunks, exchange, lease
             )
@@ -152,6 +153,8 @@ class Pipeline:
         )
         # An unknown strategy is a 400 before any I/O.
         self.renderer(caller.tenant, caller.strategy, caller.fold, caller.budget)
+        # A harness's microcompaction continues the branch it shortened (``steps.rewrites``).
+        request = await with_cleared_results_restored(self.store, caller.tenant, session, request)
         # The read (which refuses a session over its size cap) before the quota charge, so
         # a request refused there charges nothing either.
         ingested = await lookup(

@@ -111,3 +111,39 @@ def select_branch(
     if from_ == n:
         return parent, n, -1  # a shorter re-send: stored already
     return -1, from_, parent
+
+
+# Claude Code's microcompaction: in the history it re-sends, the results of old tool uses
+# (Read, Bash, Grep, Glob, Edit, Write, web fetch/search) become this string, verbatim
+# (its ``TIME_BASED_MC_CLEARED_MESSAGE``); the message keeps its place and its tool_use_id.
+MICROCOMPACTED = "[Old tool result content cleared]"
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    return "".join(p.get("text", "") for p in message.get("parts", ()) if p.get("type") == "text")
+
+
+def is_microcompacted(message: Mapping[str, Any]) -> bool:
+    """A tool result (in the store's dict form) that the harness's microcompaction cleared."""
+    return message.get("role") == "tool" and _text(message) == MICROCOMPACTED
+
+
+def microcompacted(
+    sent: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]
+) -> list[int]:
+    """Positions where the re-sent history ``sent`` holds the microcompaction placeholder in
+    place of the result ``stored`` (a branch's history) holds for the same tool call.
+
+    Such a re-send is the stored branch with old results shortened by the harness, not a
+    new history: with the stored results put back, it continues the branch (nothing is
+    rewritten in the store, and the replica keeps the prefix it was sent). A placeholder
+    the branch has no result for (another position, another call) is the client's content.
+    """
+    return [
+        i
+        for i, (new, old) in enumerate(zip(sent, stored, strict=False))
+        if is_microcompacted(new)
+        and old.get("role") == "tool"
+        and old.get("tool_call_id") == new.get("tool_call_id")
+        and not is_microcompacted(old)
+    ]

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gateway.dialects.anthropic_context import CONTEXT_MANAGEMENT, parse_context_management
 from gateway.dialects.errors import DialectError
 from gateway.dialects.fields import (
     ANTHROPIC,
@@ -63,6 +64,8 @@ _FIELD_CHECKS = {
     "metadata": expect_object,
     "tool_choice": _check_tool_choice,
     "thinking": expect_object,
+    # Applied by the gateway (``gateway.fold.context_edits``); refused here when malformed.
+    CONTEXT_MANAGEMENT: parse_context_management,
 }
 
 

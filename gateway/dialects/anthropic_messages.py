@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+from gateway.dialects.anthropic_context import CONTEXT_MANAGEMENT, context_management_body
 from gateway.dialects.anthropic_decode import decode_envelope, decode_item
 from gateway.dialects.anthropic_replies import AnthropicStreamTranslator, to_anthropic_response
 from gateway.dialects.base import Chunks, Dialect, Exchange
@@ -234,13 +235,19 @@ class AnthropicMessages(Dialect):
             yield format_sse("error", self.error_body(err))
             return
         for event, data in translator.finish():
+            if event == "message_delta" and exchange.context_edits is not None:
+                # Anthropic reports the applied edits on the final message_delta.
+                data = {**data, CONTEXT_MANAGEMENT: context_management_body(exchange.context_edits)}
             yield format_sse(event, data)
 
     async def response(self, chunks: Chunks, exchange: Exchange) -> dict[str, Any]:
         acc = ChunkAccumulator()
         async for chunk in chunks:
             acc.feed(chunk)
-        return to_anthropic_response(acc.completion())
+        body = to_anthropic_response(acc.completion())
+        if exchange.context_edits is not None:
+            body[CONTEXT_MANAGEMENT] = context_management_body(exchange.context_edits)
+        return body
 
     def error_body(self, err: DialectError) -> dict[str, Any]:
         return anthropic_error_body(err)

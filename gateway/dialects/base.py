@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gateway.dialects.anthropic_context import AppliedEdit
 from gateway.dialects.errors import DialectError
 from gateway.transcript import Message, Transcript
 
@@ -33,6 +34,9 @@ class Exchange:
     remember: Callable[[str, Sequence[Message]], Awaitable[None]] | None = None
     """Keeps a finished reply under an id for later requests to continue from (the
     Responses API's ``previous_response_id``); None when nothing may be kept."""
+    context_edits: tuple[AppliedEdit, ...] | None = None
+    """The context edits the gateway applied for the request's ``context_management``
+    (None: it asked for none), for the reply to report."""
 
 
 class Dialect(ABC):

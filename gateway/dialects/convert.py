@@ -29,6 +29,8 @@ ANTHROPIC_ONLY_PARTS = frozenset(
         "code_execution_tool_result",
         "mcp_tool_use",
         "mcp_tool_result",
+        # a provider's compaction of earlier context (stored and re-sent to Anthropic as is)
+        "compaction",
     }
 )
 
@@ -157,6 +159,10 @@ def part_to_openai(data: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "image_url", "image_url": {"url": source.get("url", "")}}
     if kind == "document" and source.get("type") == "text":
         return {"type": "text", "text": source.get("data", "")}
+    if kind == "compaction" and isinstance(data.get("content"), str):
+        # Anthropic's compaction block holds its summary as text a chat model can read; a
+        # Responses compaction item's ``encrypted_content`` is readable by its provider only.
+        return {"type": "text", "text": data["content"]}
     return _placeholder(str(kind), OPENAI)
 
 

@@ -7,7 +7,10 @@ a chat model produced them: a reasoning item stays with the call or text that fo
 through every renderer. ``function_call_output`` becomes a tool message and must answer a
 call made before it. A reasoning item is carried whole (summary, content, encrypted
 content) in the thinking part's hints; its text goes upstream as the chat ``reasoning``
-field. Tools: function tools are converted to chat tools; hosted and other tools
+field. A ``compaction`` item (the provider's compaction of earlier turns, its
+``encrypted_content`` readable by that provider only) is carried whole as an opaque part of
+the model's turn, and goes upstream as a placeholder. Tools: function tools are converted
+to chat tools; hosted and other tools
 (``web_search``, ``namespace``, ``custom`` ...) cannot run on a vLLM replica and are left
 out of the upstream request (Codex always offers ``web_search``). Parameters are converted
 (``max_output_tokens`` -> ``max_tokens``, ``text.format`` -> ``response_format``); fields
@@ -56,7 +59,7 @@ _ROLES: Mapping[str, Role] = {
     "developer": "system",
 }
 # Items a model produces in one turn; side by side they form one assistant message.
-_TURN_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call"})
+_TURN_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call", "compaction"})
 _TEXT_PARTS = frozenset({"input_text", "output_text"})
 # The request fields the gateway reads or converts, and the sampling fields whose meaning
 # it forwards: wrong types are refused before anything is stored. Ranges are OpenAI's.
@@ -225,6 +228,9 @@ def _turn_parts(item: dict[str, Any], path: str, issued: set[str]) -> list[Part]
         content, summary = (_reasoning_texts(item, key, path) for key in ("content", "summary"))
         text = "\n\n".join(content or summary)
         return [Thinking(text, None, {RESPONSES: {"item": dict(item)}})]
+    if kind == "compaction":
+        # The model's compaction of earlier turns (``encrypted_content``): carried whole.
+        return [Opaque(dict(item))]
     call_id = expect_str(require(item, "call_id", path), f"{path}.call_id")
     name = expect_str(require(item, "name", path), f"{path}.name")
     key = "arguments" if kind == "function_call" else "input"

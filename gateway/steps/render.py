@@ -17,16 +17,26 @@ from typing import Any
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.context_guard import ContextGuard
+from gateway.dialects.anthropic_context import CONTEXT_MANAGEMENT, parse_context_management
 from gateway.dialects.errors import DialectError
+from gateway.dialects.fields import ANTHROPIC, DIALECT_PARAM
+from gateway.fold.context_edits import apply_context_edits
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec, parse_spec
 from gateway.lru import LRU
 from gateway.steps.render_call import RenderCall
-from gateway.tokens import BYTES_PER_TOKEN
+from gateway.tokens import BYTES_PER_TOKEN, TokenCount, estimate_tokens
 from gateway.transcript import Transcript
 
 # An entry of a strategy without a cache: its key and bookkeeping (measured ~400 B).
 CACHE_ENTRY_BYTES = 512
+
+
+def calibrated(count_tokens: TokenCount, ratio: float | None) -> TokenCount:
+    """``count_tokens`` scaled by ``ratio`` (the replicas' tokens per counted token)."""
+    if ratio is None:
+        return count_tokens
+    return lambda message: round(count_tokens(message) * ratio)
 
 
 def cache_memory(strategy: str | StrategySpec, history_tokens: int, messages: int = 0) -> int:
@@ -112,8 +122,23 @@ class Render:
             replace(prepared.state, pressure=prepared.pressure),
             kept.cache if kept is not None else None,
         )
+        transcript, stats = rendered.transcript, rendered.stats
+        params = prepared.transcript.params
+        edits = params.get(CONTEXT_MANAGEMENT) if params.get(DIALECT_PARAM) == ANTHROPIC else None
+        if edits is not None:
+            # Anthropic's context editing, on the strategy's rendering (checked at decode),
+            # counted in the replicas' tokens as far as the session's replies calibrate them.
+            edited = apply_context_edits(
+                transcript,
+                prepared.transcript.with_messages(prepared.history),
+                prepared.state,
+                parse_context_management(edits),
+                calibrated(estimate_tokens, self.guard.prompt_ratio(session)),
+                stats.restore_tool,
+            )
+            transcript, prepared.applied_edits = edited.transcript, edited.applied
+            stats = replace(stats, restore_tool=edited.restore_tool)
         metrics.RENDER_SECONDS.observe(time.perf_counter() - started)
-        stats = rendered.stats
         metrics.STUBS.inc(stats.stubs)
         metrics.FOLDS.inc(stats.folded_steps)
         metrics.RENDER_TOKENS.labels(kind="added").inc(stats.overhead_tokens)
@@ -124,12 +149,12 @@ class Render:
         if reprefill > 0:
             metrics.RENDER_TOKENS.labels(kind="reprefilled_by_rewrites").inc(reprefill)
         prepared.stats = stats
-        tokens = prepared.memo.tokens(rendered.transcript.messages)
+        tokens = prepared.memo.tokens(transcript.messages)
         prepared.render_cache = _SessionRender(rendered.cache, stats.reprefill_tokens)
         if prepared.branch is not None:
             self.keep(prepared)
         self.guard.rendered(session, tokens, compacted=stats.compactions > 0)
-        return rendered.transcript, tokens
+        return transcript, tokens
 
     def keep(self, prepared: RenderCall) -> None:
         """Keep the request's renderer cache for the session's next request, under the

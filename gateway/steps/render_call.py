@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gateway.dialects.anthropic_context import AppliedEdit
 from gateway.fold.renderer import RenderState, RenderStats
 from gateway.fold.spec import StrategySpec
 from gateway.request_cache import MessageMemo
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # render.py names RenderCall in its signatures
 
 @dataclass(slots=True)
 class RenderCall:
-    """What ``Render`` reads of a request, and the three fields it writes back."""
+    """What ``Render`` reads of a request, and the fields it writes back."""
 
     tenant: str
     session: str
@@ -42,18 +43,21 @@ class RenderCall:
     pressure: float = 0.0
     stats: RenderStats = field(default_factory=RenderStats)
     render_cache: Any = None
+    applied_edits: tuple[AppliedEdit, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Rendering:
     """What was rendered: the transcript for the upstream, its token estimate, the
-    strategy's stats and the KV pressure its rewrites were priced at."""
+    strategy's stats, the KV pressure its rewrites were priced at, and the context edits
+    applied for the request's ``context_management`` (None: it asked for none)."""
 
     transcript: Transcript
     tokens: int
     stats: RenderStats
     pressure: float
     call: RenderCall  # for ``keep``, once the history is stored
+    applied_edits: tuple[AppliedEdit, ...] | None = None
 
 
 def render(
@@ -81,7 +85,7 @@ def render(
         branch=branch,
     )
     transcript, tokens = renders(call)
-    return Rendering(transcript, tokens, call.stats, call.pressure, call)
+    return Rendering(transcript, tokens, call.stats, call.pressure, call, call.applied_edits)
 
 
 def keep(renders: Render, rendering: Rendering, branch: int) -> None:
