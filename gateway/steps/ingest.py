@@ -96,7 +96,10 @@ async def lookup(
     """The request with what the store holds for it (one read; nothing written).
     ``SessionTooLarge`` when storing it would take the session past its size cap (the
     store's, or the tenant's): refused before any upstream serves it."""
-    found = await store.lookup(caller.tenant, session, request.stored, max_bytes=caller.max_bytes)
+    # ``shared``: the decode cache's store dicts, never edited, reused request after request.
+    found = await store.lookup(
+        caller.tenant, session, request.stored, max_bytes=caller.max_bytes, shared=True
+    )
     return Ingested(caller, session, request, found, stream)
 
 
@@ -108,6 +111,7 @@ async def store_history(store: SessionStore, ingested: Ingested, assign: Assign 
         ingested.decoded.stored,
         max_bytes=ingested.caller.max_bytes,
         assign=assign,
+        shared=True,
     )
     assignment = stored.assignment if stored.assignment is not None else ingested.found.assignment
     return Stored(stored.branch_id, assignment)
