@@ -38,14 +38,16 @@ def with_gateway_turns(
     gateway-made messages that carry restored content."""
     history: list[Message] = []
     restored: list[int] = []
-    for position in range(len(messages) + 1):
-        if position < len(messages):
-            history.append(messages[position])
-        for raw in turns.get(position, ()):
+    done = 0  # messages placed; the turns are few, the messages many: copied in slices
+    for position in sorted(p for p in turns if 0 <= p <= len(messages)):
+        history += messages[done : position + 1]
+        done = position + 1
+        for raw in turns[position]:
             message = Message.from_dict(raw)
             if message.role != "assistant":
                 restored.append(len(history))
             history.append(message)
+    history += messages[done:]
     return history, restored
 
 
