@@ -6,8 +6,9 @@ session, ``ResentBodies`` keeps where that was (an offset), the xxh3-128 digest 
 bytes before it (the store's digest, ``store.codec``) and what they parsed to, not the
 text. A body whose bytes up to that offset digest the same is parsed only after it: the
 new items and the fields after them go through orjson and the depth check, framed as
-``{"\\u0000":[0`` + the rest, a document in the very parser state the prefix left (inside
-the top object, inside the item array, after a complete object); the prefix's fields and
+``{"\\u0000":[{}`` + the rest, a document in the very parser state the prefix left (inside
+the top object, inside the item array, just after an object: only whitespace, ``,`` or
+``]`` may follow either); the prefix's fields and
 items are the previous body's objects. A body that does not extend the previous one, or
 whose rest does not parse framed so, takes the full path (``parse_object``), which gives
 its error; so both paths give equal bodies and the same errors.
@@ -42,7 +43,7 @@ CANDIDATES = 8
 ENTRY_BYTES = 512
 ITEM_BYTES = 64
 _CHECK = 16  # bytes before the prefix's end compared before its digest is computed
-_FRAME = b'{"\\u0000":[0'
+_FRAME = b'{"\\u0000":[{}'
 _PLACEHOLDER = "\x00"
 # The frame's key can only be written as this escape: a rest holding it takes the full
 # path, so the framed document's first key is the frame's own.

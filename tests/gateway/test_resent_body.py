@@ -28,7 +28,10 @@ BODIES = {
     "responses": responses_bodies(),
 }
 DIALECT = {d.name: d for d in DIALECTS}
-EDITS = ("none", "edit earlier", "field again", "frame key", "scalar last", "cut", "append")
+EDITS = (
+    *("none", "edit earlier", "field again", "frame key", "scalar last", "cut", "append"),
+    "number after",
+)
 
 
 def dumps(body: dict[str, Any], form: int) -> bytes:
@@ -42,21 +45,27 @@ def dumps(body: dict[str, Any], form: int) -> bytes:
     return json.dumps(dict(reversed(body.items())), separators=(",", ":")).encode()
 
 
-def edited(raw: bytes, body: dict[str, Any], field: str, edit: str) -> bytes:
+def edited(raw: bytes, body: dict[str, Any], field: str, edit: str) -> list[bytes]:
+    """The bodies to send in turn for ``raw`` under ``edit``."""
     items = body[field]
     if edit == "edit earlier" and len(items) > 1:
-        return orjson.dumps({**body, field: [{"role": "user", "content": "x"}, *items[1:]]})
+        return [orjson.dumps({**body, field: [{"role": "user", "content": "x"}, *items[1:]]})]
     if edit == "field again":
-        return raw[:-1] + b',"' + field.encode() + b'":[{"role":"user","content":"y"}]}'
+        return [raw[:-1] + b',"' + field.encode() + b'":[{"role":"user","content":"y"}]}']
     if edit == "frame key":
-        return raw[:-1] + b',"\\u0000":1}'
+        return [raw[:-1] + b',"\\u0000":1}']
     if edit == "scalar last":
-        return orjson.dumps({**body, field: [*items, 5]})
+        return [orjson.dumps({**body, field: [*items, 5]})]
     if edit == "cut":
-        return raw[: len(raw) * 2 // 3]
+        return [raw[: len(raw) * 2 // 3]]
     if edit == "append":
-        return raw + b" x"
-    return raw
+        return [raw + b" x"]
+    if edit == "number after":
+        # The array last, then the same bytes with what would continue a number right
+        # after its last item: invalid JSON, however the prefix is framed.
+        last = orjson.dumps({**{k: v for k, v in body.items() if k != field}, field: items})
+        return [last, last[:-2] + b"e5" + last[-2:], last[:-2] + b".5" + last[-2:]]
+    return [raw]
 
 
 def outcome(parse: Any, raw: bytes) -> Any:
@@ -92,14 +101,14 @@ def test_incremental_parse_and_decode_equal_the_full_path(dialect_name: str, dat
         body = {**whole, field: items[:n]}
         form = data.draw(st.integers(0, 3))
         edit = data.draw(st.sampled_from(EDITS))
-        raw = edited(dumps(body, form), body, field, edit)
-        incremental = outcome(lambda r: bodies.parse(bytearray(r), ("t",), field), raw)
-        full = outcome(parse_object, raw)
-        assert incremental == full
-        if full[0] == "body":
-            assert decoded(dialect_name, cache, incremental[1]) == decoded(
-                dialect_name, None, full[1]
-            )
+        for raw in edited(dumps(body, form), body, field, edit):
+            incremental = outcome(lambda r: bodies.parse(bytearray(r), ("t",), field), raw)
+            full = outcome(parse_object, raw)
+            assert incremental == full
+            if full[0] == "body":
+                assert decoded(dialect_name, cache, incremental[1]) == decoded(
+                    dialect_name, None, full[1]
+                )
 
 
 def test_a_growing_history_is_parsed_after_its_prefix() -> None:
