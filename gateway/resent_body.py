@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from gateway import metrics
 from gateway.dialects.errors import DialectError
 from gateway.dialects.fields import within_depth
 from gateway.lru import LRU
@@ -82,10 +83,13 @@ class _Sent:
 class ResentBodies:
     """Per session key, the previous bodies' prefixes (an LRU bounded by the bytes they
     keep alive). ``parse(raw, key, field)`` equals ``parse_object(raw)``; the objects of an
-    unchanged prefix are the previous body's (callers must not edit them)."""
+    unchanged prefix are the previous body's (callers must not edit them). A body of more
+    than ``max_items`` items (refused later: ``max_messages``) is not kept: finding its
+    offsets would cost time on the event loop for nothing."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self._slots: LRU[list[_Sent]] = LRU(max_bytes)
+    def __init__(self, max_bytes: int, max_items: int) -> None:
+        self.max_items = max_items
+        self._slots: LRU[list[_Sent]] = LRU(max_bytes, **metrics.cache_callbacks("bodies"))
 
     def __len__(self) -> int:
         """Session keys kept."""
@@ -118,7 +122,7 @@ class ResentBodies:
             self._keep(key, slot)
             return body
         body = parse_object(raw)
-        sent = _first(raw, body, field)
+        sent = _first(raw, body, field, self.max_items)
         if sent is not None:
             slot.insert(0, sent)
             del slot[CANDIDATES:]
@@ -138,11 +142,16 @@ def _charge(end: int, items: int) -> int:
     return ENTRY_BYTES + end + items * ITEM_BYTES
 
 
-def _first(raw: bytes | bytearray, body: dict[str, Any], field: str) -> _Sent | None:
-    """What to keep of a body parsed whole: None when its item array is not a list whose
-    last item is an object, or its field appears more than once (the last one would win)."""
+def _first(
+    raw: bytes | bytearray, body: dict[str, Any], field: str, max_items: int
+) -> _Sent | None:
+    """What to keep of a body parsed whole: None when its item array is not a list of at
+    most ``max_items`` whose last item is an object, or its field appears more than once
+    (the last one would win)."""
     items = body.get(field)
     if not isinstance(items, list) or not items or not isinstance(items[-1], dict):
+        return None
+    if len(items) > max_items:
         return None
     found = _Scan(raw).field_array(field)
     if found is None:
@@ -193,6 +202,9 @@ def _extend(
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _WS = re.compile(rb"[ \t\r\n]*+")
 _TO_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+', re.DOTALL)
+# A run of objects holding no array or object (plain messages), one C-level step.
+_FLAT = rb'\{(?:[^"\[\]{}]++|"(?:[^"\\]++|\\.)*+")*+\}'
+_FLAT_RUN = re.compile(_FLAT + rb"(?:[ \t\r\n]*+,[ \t\r\n]*+" + _FLAT + rb")*+", re.DOTALL)
 _SCALAR = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[^,}\] \t\r\n]++', re.DOTALL)
 _OPEN = frozenset(b"[{")
 
@@ -252,6 +264,10 @@ class _Scan:
         raw, depth, last = self.raw, 1, None
         pos = _TO_BRACKET.match(raw, pos).end()
         while True:
+            if depth == 1 and (flat := _FLAT_RUN.match(raw, pos)) is not None:
+                last = flat.end()
+                pos = _TO_BRACKET.match(raw, last).end()
+                continue
             char = raw[pos]
             depth += 1 if char in _OPEN else -1
             pos += 1

@@ -36,7 +36,7 @@ class Decoder:
         self.config = config
         self.store = store
         self.cache = DecodeCache(config.decode_cache_bytes, config.max_messages)
-        self.bodies = ResentBodies(config.decode_cache_bytes)
+        self.bodies = ResentBodies(config.decode_cache_bytes, config.max_messages)
 
     async def read(self, request: Request, dialect: Dialect, tenant: str) -> dict[str, Any]:
         """The request's JSON body, with the params header's fields it does not set; parsed

@@ -95,7 +95,7 @@ def test_incremental_parse_and_decode_equal_the_full_path(dialect_name: str, dat
     assert field is not None
     whole = data.draw(BODIES[dialect_name])
     items = whole[field] if isinstance(whole[field], list) else [whole[field]]
-    bodies = ResentBodies(1 << 30)
+    bodies = ResentBodies(1 << 30, 10_000)
     cache = DecodeCache()
     for n in range(1, len(items) + 1):
         body = {**whole, field: items[:n]}
@@ -114,7 +114,7 @@ def test_incremental_parse_and_decode_equal_the_full_path(dialect_name: str, dat
 def test_a_growing_history_is_parsed_after_its_prefix() -> None:
     """Plain growth takes the incremental path: the prefix's items are the previous
     body's objects, and per tenant: another tenant's identical body is parsed whole."""
-    bodies = ResentBodies(1 << 30)
+    bodies = ResentBodies(1 << 30, 10_000)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "agent"}]
     previous: list[Any] = []
     for step in range(6):
