@@ -44,10 +44,12 @@ async def stage_times(
     try:
         for raw in bodies:
             t = time.perf_counter()
-            body = orjson.loads(raw)
-            t = lap("parse body", t)
-            # As the app does: only what the session's previous request lacked is decoded.
             caller = identify(headers, config, pipeline.tenants, pipeline.render.spec)
+            # As the app does: only what the session's previous request lacked is parsed
+            # (the bytes after its last item) and decoded.
+            key = (caller.tenant, OPENAI_CHAT.name, session)
+            body = pipeline.decoder.bodies.parse(raw, key, OPENAI_CHAT.items_field)
+            t = lap("parse body", t)
             decoded = await pipeline.decode(OPENAI_CHAT, body, headers, caller.tenant)
             t = lap("decode + raw token estimate", t)
             ingested = await pipeline.ingest(caller, decoded, body, headers)

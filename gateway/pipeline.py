@@ -111,7 +111,7 @@ class Pipeline:
         try:
             caller = identify(request.headers, self.config, self.tenants, self.render.spec)
             lease = await self.quotas.admit(caller.tenant)  # admit: before the body is read
-            body = await self.decoder.read(request)
+            body = await self.decoder.read(request, dialect, caller.tenant)
             decoded = await self.decode(dialect, body, request.headers, caller.tenant)
             ingested = await self.ingest(caller, decoded, body, request.headers)
             # Render, route, forward; the history stored once an upstream accepted it.

@@ -210,7 +210,9 @@ class DecodeCache:
         same = 0
         if previous is not None:
             for new, old in zip(raw, previous.raw, strict=False):
-                if new != old:
+                # A re-sent body's prefix holds the previous body's objects
+                # (``ResentBodies``): identity settles most items without a walk.
+                if new is not old and new != old:
                     break
                 same += 1
             kept = previous.ends[same - 1] if same else 0

@@ -81,8 +81,14 @@ class DigestCache:
         """Whether (tenant, session)'s last history is remembered."""
         return key in self._seen
 
-    def prepare(self, tenant: str, session: str, messages: Sequence[Message]) -> PackedHistory:
-        """Pack a sent history, reusing what the session's last one shares with it."""
+    def prepare(
+        self, tenant: str, session: str, messages: Sequence[Message], *, shared: bool = False
+    ) -> PackedHistory:
+        """Pack a sent history, reusing what the session's last one shares with it.
+
+        ``shared``: the caller never edits these dicts (the gateway's, reused request after
+        request): they are remembered as they are, not copied, and a message the last
+        history held is known by identity, without a walk through its fields."""
         if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
             raise TypeError("ingest expects a sequence of message dicts")
         if not messages:
@@ -91,14 +97,19 @@ class DigestCache:
         seen = self._seen.pop(key)
         same = 0
         if seen is not None:
-            for new, old in zip(messages, seen.messages, strict=False):
-                if new != old:
-                    break
-                same += 1
+            common = min(len(messages), len(seen.messages))
+            # The list comparison runs in C and settles identical objects by identity.
+            if list(messages[:common]) == seen.messages[:common]:
+                same = common
+            else:
+                for new, old in zip(messages, seen.messages, strict=False):
+                    if new is not old and new != old:
+                        break
+                    same += 1
         if seen is not None and same == len(seen.messages) == len(messages):
             kept = seen  # a re-send of what was prepared last (ingest after lookup)
         else:
-            kept = _extend(seen, same, messages)
+            kept = _extend(seen, same, messages, shared)
         self._seen.put(key, kept, kept.sizes[-1])
         return PackedHistory(kept.packed, kept.chains, kept.stored)
 
@@ -118,9 +129,9 @@ class DigestCache:
         self._seen.pop((tenant, session))
 
 
-def _extend(seen: _Seen | None, same: int, messages: Sequence[Message]) -> _Seen:
+def _extend(seen: _Seen | None, same: int, messages: Sequence[Message], shared: bool) -> _Seen:
     """What to remember of ``messages``: the first ``same`` as ``seen`` had them, the rest
-    packed now."""
+    packed now (and copied, unless ``shared``)."""
     packed = seen.packed[:same] if seen else []
     chains = seen.chains[:same] if seen else []
     sizes = seen.sizes[:same] if seen else []
@@ -135,6 +146,6 @@ def _extend(seen: _Seen | None, same: int, messages: Sequence[Message]) -> _Seen
         sizes.append(held)
     # keep private copies: a caller editing its dicts in place must not edit our memory
     # (strings are immutable: the copies share them)
-    copies = [copy.deepcopy(m) for m in messages[same:]]
+    copies = list(messages[same:]) if shared else [copy.deepcopy(m) for m in messages[same:]]
     known = None if seen is None or seen.stored is None else min(same, seen.stored)
     return _Seen((seen.messages[:same] if seen else []) + copies, packed, chains, sizes, known)

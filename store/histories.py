@@ -112,17 +112,20 @@ class Histories(ABC):
         *,
         max_bytes: int | None = None,
         assign: Assign | None = None,
+        shared: bool = False,
     ) -> IngestResult:
         """Store the history a harness sent; see the module doc for which branch it lands on.
 
         ``max_bytes``: a size cap for this session below the store's (a tenant's limit).
         ``assign``: also set the session's replica assignment, in the same atomic write
         (not when the ingest fails); ``IngestResult.assignment`` is the one in force.
+        ``shared``: the caller never edits ``messages``' dicts afterwards, so the digest
+        cache keeps them instead of copies (``DigestCache.prepare``); the result is the same.
         """
         check_id("tenant", tenant)
         check_id("session", session)
         check_assign(assign)
-        history = self.digest_cache.prepare(tenant, session, messages)
+        history = self.digest_cache.prepare(tenant, session, messages, shared=shared)
         return await self.store_history(tenant, session, history, self._cap(max_bytes), assign)
 
     async def lookup(
@@ -132,14 +135,15 @@ class Histories(ABC):
         messages: Sequence[Message],
         *,
         max_bytes: int | None = None,
+        shared: bool = False,
     ) -> Lookup:
         """What ``ingest(messages, max_bytes=max_bytes)`` would find, read without writing
         anything (and without refreshing the session's TTL): see ``Lookup``. A session that
         does not exist reads as empty. ``SessionTooLarge`` when that ingest would be refused
-        as over the size cap, given what is stored now."""
+        as over the size cap, given what is stored now. ``shared``: as ``ingest``'s."""
         check_id("tenant", tenant)
         check_id("session", session)
-        history = self.digest_cache.prepare(tenant, session, messages)
+        history = self.digest_cache.prepare(tenant, session, messages, shared=shared)
         return await self.find_history(tenant, session, history, self._cap(max_bytes))
 
     async def load(

@@ -216,6 +216,7 @@ class AnthropicMessages(Dialect):
     """Anthropic Messages (``POST /v1/messages``): chunks become Messages events."""
 
     name = ANTHROPIC
+    items_field = "messages"
     path = "/v1/messages"
 
     def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:

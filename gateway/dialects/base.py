@@ -46,6 +46,9 @@ class Dialect(ABC):
     """Short name: metrics label, decode-cache key."""
     path: ClassVar[str]
     """The POST route it serves."""
+    items_field: ClassVar[str | None] = None
+    """The body field holding the conversation items a harness re-sends as they grow (a
+    body is parsed after the part the session's previous body shared: ``resent_body``)."""
 
     @abstractmethod
     def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:

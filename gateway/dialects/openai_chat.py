@@ -347,6 +347,7 @@ class OpenAIChat(Dialect):
     pass through as they are."""
 
     name = OPENAI
+    items_field = "messages"
     path = "/v1/chat/completions"
 
     def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:

@@ -36,6 +36,7 @@ class OpenAIResponses(Dialect):
     """OpenAI Responses: the API Codex speaks."""
 
     name = RESPONSES
+    items_field = "input"
     path = "/v1/responses"
 
     def decode_envelope(self, body: Any) -> tuple[Transcript, list[Any]]:

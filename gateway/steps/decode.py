@@ -1,8 +1,9 @@
 """Decode: the client's body read within the gateway's limits and decoded in its dialect.
 
-Only what the session's previous request did not hold is decoded (``DecodeCache``); a
-request that continues a kept reply is decoded after the conversation the store kept for
-it (``gateway.steps.kept``).
+Only what the session's previous request did not hold is parsed (``ResentBodies``: the
+bytes after the previous body's last item) and decoded (``DecodeCache``); a request that
+continues a kept reply is decoded after the conversation the store kept for it
+(``gateway.steps.kept``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
 from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
+from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object
 from gateway.steps.kept import kept_conversation
 from store import SessionStore
 
@@ -26,9 +28,7 @@ from store import SessionStore
 # sampling fields in the body (Codex: ``http_headers`` in its provider config). The body's
 # own fields win.
 PARAMS_HEADER = "x-foldgate-params"
-# Deeper JSON than any agent sends (tool schemas nest a few tens of levels): past it a
-# body would reach recursion limits downstream (orjson writes at most 254 levels upstream).
-MAX_JSON_DEPTH = 128
+__all__ = ["MAX_JSON_DEPTH", "PARAMS_HEADER", "Decoder", "read_json", "with_header_params"]
 
 
 class Decoder:
@@ -36,10 +36,21 @@ class Decoder:
         self.config = config
         self.store = store
         self.cache = DecodeCache(config.decode_cache_bytes, config.max_messages)
+        self.bodies = ResentBodies(config.decode_cache_bytes, config.max_messages)
 
-    async def read(self, request: Request) -> dict[str, Any]:
-        """The request's JSON body, with the params header's fields it does not set."""
-        body = await read_json(request, self.config.max_body_bytes, self.config.body_timeout_s)
+    async def read(self, request: Request, dialect: Dialect, tenant: str) -> dict[str, Any]:
+        """The request's JSON body, with the params header's fields it does not set; parsed
+        after what the session's previous body held (the session as its header names it:
+        the body is not read yet)."""
+        session = request.headers.get(self.config.session_header)
+        body = await read_json(
+            request,
+            self.config.max_body_bytes,
+            self.config.body_timeout_s,
+            self.bodies,
+            (tenant, dialect.name, session),
+            dialect.items_field,
+        )
         return with_header_params(body, request.headers)
 
     async def decode(
@@ -72,9 +83,17 @@ def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict
     return {**params, **body}
 
 
-async def read_json(request: Request, limit: int, timeout_s: float) -> dict[str, Any]:
+async def read_json(
+    request: Request,
+    limit: int,
+    timeout_s: float,
+    bodies: ResentBodies | None = None,
+    key: tuple[Any, ...] = (),
+    items_field: str | None = None,
+) -> dict[str, Any]:
     """The body as a JSON object: 413 over ``limit`` bytes, 408 past ``timeout_s``, 400 for
-    anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels."""
+    anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels (``parse_object``;
+    with ``bodies``, after the prefix the session's previous body under ``key`` shares)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
@@ -89,13 +108,6 @@ async def read_json(request: Request, limit: int, timeout_s: float) -> dict[str,
         raise DialectError(
             f"request body not received within {timeout_s:g} s", status=408, kind="timeout_error"
         ) from exc
-    try:
-        # orjson: a 128 KB history parses in half the time of the json module's.
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise DialectError(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise DialectError("request body must be a JSON object")
-    if not within_depth(body, MAX_JSON_DEPTH):
-        raise DialectError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
-    return body
+    if bodies is None:
+        return parse_object(raw)
+    return bodies.parse(raw, key, items_field)

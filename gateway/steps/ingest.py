@@ -38,14 +38,16 @@ def with_gateway_turns(
     gateway-made messages that carry restored content."""
     history: list[Message] = []
     restored: list[int] = []
-    for position in range(len(messages) + 1):
-        if position < len(messages):
-            history.append(messages[position])
-        for raw in turns.get(position, ()):
+    done = 0  # messages placed; the turns are few, the messages many: copied in slices
+    for position in sorted(p for p in turns if 0 <= p <= len(messages)):
+        history += messages[done : position + 1]
+        done = position + 1
+        for raw in turns[position]:
             message = Message.from_dict(raw)
             if message.role != "assistant":
                 restored.append(len(history))
             history.append(message)
+    history += messages[done:]
     return history, restored
 
 
@@ -96,7 +98,10 @@ async def lookup(
     """The request with what the store holds for it (one read; nothing written).
     ``SessionTooLarge`` when storing it would take the session past its size cap (the
     store's, or the tenant's): refused before any upstream serves it."""
-    found = await store.lookup(caller.tenant, session, request.stored, max_bytes=caller.max_bytes)
+    # ``shared``: the decode cache's store dicts, never edited, reused request after request.
+    found = await store.lookup(
+        caller.tenant, session, request.stored, max_bytes=caller.max_bytes, shared=True
+    )
     return Ingested(caller, session, request, found, stream)
 
 
@@ -108,6 +113,7 @@ async def store_history(store: SessionStore, ingested: Ingested, assign: Assign 
         ingested.decoded.stored,
         max_bytes=ingested.caller.max_bytes,
         assign=assign,
+        shared=True,
     )
     assignment = stored.assignment if stored.assignment is not None else ingested.found.assignment
     return Stored(stored.branch_id, assignment)

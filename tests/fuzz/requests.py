@@ -8,6 +8,7 @@ unmutated (and still pass the checks as valid requests do). Deterministic for a 
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,6 +355,28 @@ def long_strategy_header(parts: int = 5_000) -> Request:
     body = _chat([{"role": "user", "content": "hi"}])
     header = (b"x-foldgate-strategy", b"+".join([b"refold", b"cliff"] * (parts // 2)))
     return Request(orjson.dumps(body), [header], kind="long-strategy")
+
+
+def limit_history(dialect: str, items: int) -> tuple[Request, Request]:
+    """A session's history just under ``items`` conversation items (the limit), then the
+    same re-sent with the reply and a new user turn, as a harness does, under one session
+    id: the re-send holds ``items - 1``, within the limit."""
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"}
+        for i in range(items - 3)
+    ]
+    resent = [*turns, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "on"}]
+    headers = [(b"x-session-id", f"limit-{uuid.uuid4().hex}".encode())]
+    bodies = []
+    for history in (turns, resent):
+        if dialect == "responses":
+            body: dict[str, Any] = {"model": "m", "input": history}
+        elif dialect == "anthropic":
+            body = {"model": "m", "max_tokens": 64, "messages": history}
+        else:
+            body = _chat(history)
+        bodies.append(Request(orjson.dumps(body), headers, kind="limit-history"))
+    return bodies[0], bodies[1]
 
 
 # name -> (dialect, request)

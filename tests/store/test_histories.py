@@ -428,3 +428,28 @@ async def test_64_concurrent_ingests_stay_consistent(make_store: StoreFactory, t
     finally:
         for r in replicas:
             await r.close()
+
+
+async def test_shared_dicts_store_what_copies_store(store: SessionStore, tenant: str) -> None:
+    # ``shared``: the gateway's dicts, never edited, reused from request to request; the
+    # digest cache keeps them and knows them by identity: the results are a copy's.
+    h = history(12)
+    fork = [*h[:5], msg("user", "a fork")]
+    sends = [h[:3], h[:3], h[:7], h, fork, h[:9], [dict(m) for m in h], h[:2]]
+    for sent in sends:
+        copy = [dict(m) for m in sent]
+        found = await store.lookup(tenant, "shared", sent, shared=True)
+        assert found == await store.lookup(tenant, "copied", copy)
+        a = await store.ingest(tenant, "shared", sent, shared=True)
+        assert a == await store.ingest(tenant, "copied", copy)
+    for branch in (0, 1):
+        a, b = (
+            await store.load(tenant, "shared", branch),
+            await store.load(tenant, "copied", branch),
+        )
+        assert (a.messages, a.gateway_turns, a.parent, a.fork_index) == (
+            b.messages,
+            b.gateway_turns,
+            b.parent,
+            b.fork_index,
+        )
