@@ -22,7 +22,9 @@ class RouteHints:
     ``assignment_read``: the caller read the session's assignment (``assignment``) with its
     own store read and writes the chosen replica back with its own store write, so a sticky
     policy neither reads nor writes it (the gateway shares those round trips with the
-    session's history).
+    session's history). ``resident_tokens``: per replica URL, how much of the session's
+    last prefix the replica still holds, from its KV events (``router.kv_events``); None
+    when the gateway does not follow them.
     """
 
     prompt_tokens: int = 0
@@ -32,6 +34,7 @@ class RouteHints:
     parent_session: str | None = None
     assignment: str | None = None
     assignment_read: bool = False
+    resident_tokens: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ and one entry below; a policy names the parts it runs. Policies (config names):
   wait (from scraped waiting/running and KV usage) against re-prefilling the session's
   cached prefix elsewhere (its size from the store's per-session accounting, in
   `RouteHints`), plus a prefix scorer for replicas holding the same agent's system prompt
-  or a forked session's parent; a move must win by a hysteresis margin. New sessions go
+  or a forked session's parent, and one for replicas the KV events say still hold the
+  session's prefix; a move must win by a hysteresis margin. New sessions go
   where they fit best: among replicas whose queue wait is near the shortest, the most free
   KV and fewest bound sessions.
 """
@@ -34,6 +35,7 @@ from router.pickers.round_robin import RoundRobinPicker
 from router.scorers.affinity import AffinityBonusScorer
 from router.scorers.cached_prefix import CachedPrefixScorer
 from router.scorers.fit import FitScorer
+from router.scorers.kv_resident import KvResidentScorer
 from router.scorers.load import LoadScorer
 from router.scorers.prefix import PrefixScorer
 from router.scorers.queue_wait import QueueWaitScorer
@@ -48,6 +50,7 @@ SCORERS: dict[str, Callable[[Knobs], Scorer]] = {
     "cached_prefix": CachedPrefixScorer.from_knobs,
     "prefix": PrefixScorer.from_knobs,
     "fit": FitScorer.from_knobs,
+    "kv_resident": KvResidentScorer.from_knobs,
 }
 PICKERS: dict[str, Callable[[Knobs], Picker]] = {
     "max_score": MaxScorePicker.from_knobs,
@@ -106,7 +109,12 @@ POLICIES: dict[str, PolicySpec] = {
     "sticky_cost": PolicySpec(
         new=ProfileSpec(filters=("queue_slack",), scorers=(("fit", 1.0), ("prefix", 1.0))),
         bound=ProfileSpec(
-            scorers=(("queue_wait", 1.0), ("cached_prefix", 1.0), ("prefix", 1.0)),
+            scorers=(
+                ("queue_wait", 1.0),
+                ("cached_prefix", 1.0),
+                ("prefix", 1.0),
+                ("kv_resident", 1.0),
+            ),
             rotation="bound",
         ),
         moved_reason="queue_cost",
