@@ -16,11 +16,16 @@ digest of (tenant, session) (``session_key``), which vLLM copies into the sessio
 hashes it holds and, per session, the chain of block hashes its last request stored or
 reused (in prefix order: an event with no parent starts the chain, one whose parent is in
 it continues after that block). A session's resident prefix is the run of leading blocks
-of its chain the replica still holds. This needs no tokenizer in the gateway (it never sees
-token ids), and vLLM's own hashes, salted by the tenant's ``cache_salt`` as every request
-of that tenant is, keep tenants apart: a chain whose first block carries another salt than
-the session's tenant is not counted (``router.block_hash`` computes those hashes as vLLM
-does, and checks a first block against its salt).
+of its chain the replica still holds.
+
+Why not compute the hashes: the gateway never sees token ids (the replica tokenizes the
+rendered chat), and the hash depends on the replica's ``--prefix-caching-hash-algo`` and
+``PYTHONHASHSEED`` (vllm-router's kv_aware needs ``sha256_cbor`` with a fixed seed; the
+default is pickled SHA-256 from a fixed seed): keyed by the session and the hashes the
+replica itself reports, the index works whatever the replica hashes with. Tenants stay apart
+as the replicas keep them: every request of a tenant carries its ``cache_salt``, which vLLM
+hashes into the first block (so the same tokens of two tenants are different blocks) and
+reports in that block's ``extra_keys``; a chain counts only for a lookup with its salt.
 """
 
 from __future__ import annotations
@@ -32,8 +37,6 @@ from typing import Any
 
 import msgpack
 
-from router.block_hash import block_hash, salt_keys
-
 # Chains remembered per replica (sessions; the least recently stored go first).
 MAX_CHAINS = 100_000
 
@@ -42,7 +45,6 @@ MAX_CHAINS = 100_000
 class BlockStored:
     block_hashes: tuple[Hashable, ...]
     parent: Hashable | None
-    token_ids: tuple[int, ...]
     block_size: int
     first_salt: str | None  # the untagged cache_salt of the first block, when it is block 0
     session_id: str | None
@@ -105,7 +107,6 @@ def decode_batch(payload: bytes) -> tuple[float, list[KvEvent]]:
                 BlockStored(
                     _hashes(raw.get("block_hashes")),
                     raw.get("parent_block_hash"),
-                    tuple(raw.get("token_ids") or ()),
                     int(raw.get("block_size") or 0),
                     _first_salt(raw),
                     raw.get("session_id"),
@@ -118,22 +119,7 @@ def decode_batch(payload: bytes) -> tuple[float, list[KvEvent]]:
     return float(batch[0]), events
 
 
-def salted_as(event: BlockStored, cache_salt: str | None) -> bool:
-    """Whether a chain's first block is the one a request salted with ``cache_salt``
-    stores: its salt is that one and, where the event has its tokens, its hash is vLLM's
-    hash of them with that salt."""
-    if event.parent is not None:
-        return True  # not a first block: the salt is on the chain's first
-    if (event.first_salt or None) != (cache_salt or None):
-        return False
-    first = event.block_hashes[0] if event.block_hashes else None
-    size = event.block_size
-    if not isinstance(first, bytes) or size <= 0 or len(event.token_ids) < size:
-        return True  # int hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES) cannot be recomputed
-    return block_hash(None, event.token_ids[: event.block_size], salt_keys(cache_salt)) == first
-
-
-_UNVERIFIED = "\x00unverified"  # no cache salt is this: a chain counted for nobody
+_UNKNOWN = "\x00unknown"  # no cache salt is this: a chain counted for nobody
 
 
 @dataclass(slots=True)
@@ -165,15 +151,13 @@ class KvIndex:
 
     def _extend(self, session: str, event: BlockStored) -> None:
         chain = self._chains.pop(session, None)
-        if event.parent is None:
-            # A chain starts at block 0: its salt, checked against vLLM's hash of its tokens.
-            salt = event.first_salt if salted_as(event, event.first_salt) else _UNVERIFIED
-            chain = _Chain(salt, list(event.block_hashes))
+        if event.parent is None:  # a chain starts at block 0, which carries its salt
+            chain = _Chain(event.first_salt, list(event.block_hashes))
         elif chain is not None and event.parent in chain.hashes:
             kept = chain.hashes[: chain.hashes.index(event.parent) + 1]
             chain = _Chain(chain.salt, kept + list(event.block_hashes))
         else:  # its start was missed (subscribed late): its prefix is unknown
-            chain = _Chain(_UNVERIFIED, [])
+            chain = _Chain(_UNKNOWN, [])
         self._chains[session] = chain  # most recent last
         while len(self._chains) > self._max_chains:
             del self._chains[next(iter(self._chains))]
