@@ -205,7 +205,7 @@ class Pipeline:
         try:
             opened = await self.forward.send(ingested, rendering, body, kv.hints, accepted)
         except BaseException:
-            self.kv.finish(kv, None, served=False)
+            self.kv.finish(kv, served=False)
             raise
         assert stored is not None  # send returns once a replica accepted
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(ingested.raw_tokens)
@@ -242,9 +242,7 @@ class Pipeline:
                 yield chunk
             served = True
         finally:
-            usage = restoring.outcome().usage
-            last = int(usage[-1].get("prompt_tokens", 0)) if usage else None
-            self.kv.finish(started.kv, last, served=served)
+            self.kv.finish(started.kv, served=served)
         # Accounting is bookkeeping, not history: the client need not wait for it.
         request_id = uuid.uuid4().hex
         outcome = restoring.outcome()

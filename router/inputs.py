@@ -47,6 +47,7 @@ class Candidate:
     in_flight: int
     kv_usage: float | None
     bound_sessions: int
+    kv_pool_tokens: int | None = None  # scraped (vllm:cache_config_info); None: unknown
 
     @property
     def load(self) -> float:
@@ -70,6 +71,7 @@ def snapshot(replica: Replica, bound_sessions: int = 0) -> Candidate:
         in_flight=replica.in_flight,
         kv_usage=m.kv_cache_usage if m is not None else None,
         bound_sessions=bound_sessions,
+        kv_pool_tokens=m.kv_pool_tokens if m is not None else None,
     )
 
 

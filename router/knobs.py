@@ -40,6 +40,12 @@ class Knobs:
     hysteresis: float = 0.25
     min_gain_s: float = 0.05
     new_session_slack_s: float | None = None
+    # Working-set admission (router.working_set_admission; the gateway's config of the same
+    # names): the pool share the set may fill, the longest wait, pause reservations.
+    admission_kv_fraction: float = 0.9
+    admission_max_wait_s: float = 5.0
+    pause_reservation: bool = True
+    reservation_max_s: float = 120.0
 
     def cost_model(self) -> CostModel:
         if self.cost is None:

@@ -18,7 +18,7 @@ engine step (``reservation_s``); a session idle past its reservation leaves the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.cost import CostModel
@@ -64,8 +64,8 @@ def occupied_tokens(room: Room, members: Sequence[Member], now: float) -> int:
 
 def admits(
     room: Room,
-    members: Mapping[str, Member],
-    session: str,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
     tokens: int,
     now: float,
     *,
@@ -90,7 +90,7 @@ def admits(
     return occupied_tokens(room, holding, now) + tokens <= fraction * room.pool_tokens
 
 
-def next_release(members: Mapping[str, Member], now: float) -> float | None:
+def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:
     """When the earliest reservation of an idle member ends (the set may then take a waiting
     session); None when none is pending."""
     ends = [m.reserved_until for m in members.values() if m.running == 0 and m.reserved_until > now]

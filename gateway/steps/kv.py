@@ -30,6 +30,7 @@ from router import ReplicaPool, RouteHints
 from router.cost import CostModel, get_preset
 from router.kv_events import session_key
 from router.kv_subscriber import KvEventSubscriber
+from router.working_set_admission import WorkingSetAdmission
 
 SESSION_FIELD = "session_id"
 
@@ -58,7 +59,17 @@ class KvControl:
         self.config = config
         self.pool = pool
         self.tenants = tenants
-        self.gate = WorkingSetGate(config, pool, cost_model(config)) if config.admission else None
+        self.gate = None
+        if config.admission:
+            admission = WorkingSetAdmission(
+                cost_model(config),
+                fraction=config.admission_kv_fraction,
+                max_wait_s=config.admission_max_wait_s,
+                reserve=config.pause_reservation,
+                reservation_max_s=config.reservation_max_s,
+                pool_tokens=config.kv_pool_tokens,
+            )
+            self.gate = WorkingSetGate(admission, pool)
         self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None
 
     def resident(self, ingested: Ingested, key: str) -> dict[str, int] | None:
@@ -89,12 +100,11 @@ class KvControl:
         if warm and resident is not None and home in resident:
             warm = 2 * resident[home] >= int(last or 0)
         elif warm and self.gate is not None:
-            warm = self.gate.holds(key, home or "")
+            warm = self.gate.holds(ingested.tenant, ingested.session, home or "")
         ticket = None
         if self.gate is not None:
-            routable = {r.url for r in self.pool.routable()}
             ticket = await self.gate.admit(
-                key, home if home in routable else None, hints.prompt_tokens
+                ingested.tenant, ingested.session, home, hints.prompt_tokens
             )
         return Placement(key, hints, warm, ticket)
 
@@ -114,9 +124,9 @@ class KvControl:
         if self.gate is not None and placed.ticket is not None:
             self.gate.started(placed.ticket, replica_url)
 
-    def finish(self, placed: Placement, prompt_tokens: int | None, *, served: bool) -> None:
+    def finish(self, placed: Placement, *, served: bool) -> None:
         if self.gate is not None and placed.ticket is not None:
-            self.gate.finish(placed.ticket, prompt_tokens, served=served)
+            self.gate.finish(placed.ticket, served=served)
 
     async def close(self) -> None:
         if self.events is not None:

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
+from router.admission_seam import AdmissionRequest
 from router.cost import get_preset
+from router.inputs import Candidate
 from router.metrics import parse_vllm_metrics
 from router.working_set import (
     PAUSE_SLACK,
@@ -19,6 +21,7 @@ from router.working_set import (
     occupied_tokens,
     reservation_s,
 )
+from router.working_set_admission import WorkingSetAdmission
 
 ROOM = Room(pool_tokens=10_000, used_tokens=0)
 NOW = 100.0
@@ -99,3 +102,82 @@ def test_the_pool_size_comes_from_vllms_cache_config_info():
     assert parse_vllm_metrics(page).kv_pool_tokens == 640 * 32
     bare = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
     assert parse_vllm_metrics(bare).kv_pool_tokens is None
+
+
+# -- the state at the routing seam (router.working_set_admission), as the gateway and the
+# simulator drive it: decide, started, ended, with the caller's clock.
+
+POOL = 10_000
+
+
+def seam(reserve: bool = True, max_wait_s: float = 5.0) -> WorkingSetAdmission:
+    return WorkingSetAdmission(
+        get_preset("cpu-tiny"),
+        fraction=0.9,
+        max_wait_s=max_wait_s,
+        reserve=reserve,
+        reservation_max_s=30.0,
+        pool_tokens=POOL,
+    )
+
+
+def ask(session: str, now: float, tokens: int = 4_000, waited_s: float = 0.0, url: str = "r1"):
+    return AdmissionRequest("t", session, url, tokens, None, (), now, waited_s)
+
+
+def go(admission: WorkingSetAdmission, session: str, now: float, tokens: int = 4_000) -> None:
+    request = ask(session, now, tokens)
+    assert admission.decide(request).admit
+    admission.started(request)
+
+
+def test_the_seam_admits_while_it_fits_then_queues_first_come_first_served():
+    admission = seam()
+    go(admission, "a", 0.0)
+    go(admission, "b", 0.1)  # 8,000 of 9,000
+    refused = admission.decide(ask("c", 0.2))
+    assert not refused.admit and refused.reason == "waiting"
+    assert refused.retry_at == pytest.approx(0.2 + 5.0)  # its deadline: nothing is reserved
+    assert not admission.decide(ask("d", 0.3, tokens=100)).admit  # small, but behind c
+    admission.ended("t", "a", "r1", 1.0, served=False)  # a failed: no reservation
+    # d asks first, yet c came first: d still waits, c goes.
+    assert not admission.decide(ask("d", 1.1, tokens=100, waited_s=0.8)).admit
+    verdict = admission.decide(ask("c", 1.2, waited_s=1.0))
+    assert verdict.admit and verdict.reason == "waited"
+
+
+def test_a_served_session_keeps_its_share_through_its_pause_and_releases_it_after():
+    admission = seam(max_wait_s=20.0)
+    go(admission, "a", 0.0, tokens=8_000)
+    admission.ended("t", "a", "r1", 1.0)  # no pause seen yet: the prior, 5 s x 1.5
+    assert admission.holds("t", "a", "r1", 8.0)
+    refused = admission.decide(ask("b", 2.0))
+    assert not refused.admit and refused.retry_at == pytest.approx(1.0 + PAUSE_SLACK * 5.0)
+    go(admission, "a", 3.0, tokens=8_000)  # back within its reservation: straight in
+    admission.ended("t", "a", "r1", 4.0)  # its own pause (2 s) now sizes the next: 3 s
+    assert admission.holds("t", "a", "r1", 6.9) and not admission.holds("t", "a", "r1", 7.1)
+    verdict = admission.decide(ask("b", 7.1, waited_s=5.1))
+    assert verdict.admit and verdict.reason == "waited"  # released, not timed out
+
+
+def test_nobody_waits_past_the_bound():
+    admission = seam(max_wait_s=2.0)
+    go(admission, "a", 0.0, tokens=9_000)
+    assert not admission.decide(ask("b", 0.5)).admit
+    verdict = admission.decide(ask("b", 2.5, waited_s=2.0))
+    assert verdict.admit and verdict.reason == "timed_out"
+
+
+def test_without_reservations_a_paused_session_leaves_the_set():
+    admission = seam(reserve=False)
+    go(admission, "a", 0.0, tokens=9_000)
+    admission.ended("t", "a", "r1", 1.0)
+    assert not admission.holds("t", "a", "r1", 1.0)
+    assert admission.decide(ask("b", 1.0)).admit
+
+
+def test_the_seams_pool_comes_from_the_candidates_scrape_then_the_cost_model():
+    admission = WorkingSetAdmission(get_preset("cpu-tiny"))
+    scraped = Candidate("r1", 0, 0, 0, 0.5, 0, kv_pool_tokens=2_000)
+    assert admission.room(scraped) == Room(2_000, 1_000)
+    assert admission.room(None) == Room(get_preset("cpu-tiny").kv_pool_tokens, 0)
