@@ -25,10 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import zmq
+import zmq.asyncio
 
 from deploy.cpu.replicas import available_cores, free_ports, start_replicas
 from gateway.config import GatewayConfig
 from loadtests.local_servers import running_gateway
+from router.kv_events import BlockStored, decode_batch
+from router.kv_subscriber import events_endpoint
 
 WORDS = [
     "file",
@@ -136,6 +140,27 @@ async def session(
     return time.monotonic() - start
 
 
+async def count_events(replicas: list[str], seen: dict[str, int]) -> None:
+    """The replicas' KV events as a second subscriber sees them: stored blocks tagged with
+    a gateway session, all stored, removed."""
+    context = zmq.asyncio.Context()
+    sock = context.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    for url in replicas:
+        sock.connect(events_endpoint(url, KV_EVENTS_OFFSET))
+    try:
+        while True:
+            _, _, payload = await sock.recv_multipart()
+            for event in decode_batch(payload)[1]:
+                kind = type(event).__name__
+                seen[kind] = seen.get(kind, 0) + 1
+                if isinstance(event, BlockStored) and (event.session_id or "").startswith("fg-"):
+                    seen["tagged"] = seen.get("tagged", 0) + 1
+    finally:
+        sock.close(0)
+        context.term()
+
+
 async def arm(config: GatewayConfig, args: argparse.Namespace, replicas: list[str]) -> dict:
     async with httpx.AsyncClient(timeout=30) as http:
         for r in replicas:  # every arm starts cold
@@ -143,6 +168,8 @@ async def arm(config: GatewayConfig, args: argparse.Namespace, replicas: list[st
     run = uuid.uuid4().hex[:6]
     names = [f"{run}-{i}" for i in range(args.sessions)]
     requests: list[dict] = []
+    seen: dict[str, int] = {}
+    counter = asyncio.create_task(count_events(replicas, seen))
     async with running_gateway(config) as url:
         begin = time.monotonic()
         took = await asyncio.gather(
@@ -151,6 +178,7 @@ async def arm(config: GatewayConfig, args: argparse.Namespace, replicas: list[st
         wall = time.monotonic() - begin
         async with httpx.AsyncClient(timeout=30) as http:
             logs = [(await http.get(f"{url}/v1/sessions/{n}")).json()["log"] for n in names]
+    counter.cancel()
     waits = [r["admission_wait_s"] for log in logs for r in log]
     ttfts = sorted(r["ttft"] for r in requests)
     return {
@@ -163,6 +191,9 @@ async def arm(config: GatewayConfig, args: argparse.Namespace, replicas: list[st
         "wait_mean": statistics.mean(waits),
         "warm": sum(r["priority"] == 0 for log in logs for r in log),
         "requests": len(requests),
+        "events_stored": seen.get("BlockStored", 0),
+        "events_tagged": seen.get("tagged", 0),
+        "events_removed": seen.get("BlockRemoved", 0),
     }
 
 
@@ -187,6 +218,7 @@ async def main(args: argparse.Namespace) -> None:
                     extra_env={"VLLM_SERVER_DEV_MODE": "1"},
                     extra_args=["--kv-events-config", json.dumps(events)],
                     log_dir=Path(args.log_dir),
+                    ready_timeout_s=args.ready_timeout_s,
                 )
             )
             urls += [r.url for r in started]
@@ -199,7 +231,8 @@ async def main(args: argparse.Namespace) -> None:
             kv_events_port_offset=KV_EVENTS_OFFSET,
         )
         for run in range(args.runs):  # the arms' order alternates run to run
-            for name in ("on", "off") if run % 2 == 0 else ("off", "on"):
+            first = run % 2 == (0 if args.first == "on" else 1)
+            for name in ("on", "off") if first else ("off", "on"):
                 row = await arm(replace(base, **ARMS[name]), args, urls)
                 print(name, json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
 
@@ -213,7 +246,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--kv-cache-bytes", default="8M")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--first", choices=("on", "off"), default="on")
     parser.add_argument("--log-dir", default="/tmp/kv-pressure")
+    parser.add_argument("--ready-timeout-s", type=float, default=900.0)
     return parser.parse_args()
 
 

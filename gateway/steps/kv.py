@@ -49,6 +49,17 @@ class Placement:
         return self.ticket.wait_s if self.ticket is not None else 0.0
 
 
+def replica_tokens(ingested: Ingested, hints: RouteHints) -> int:
+    """The rendered prompt in the replica's tokens: the gateway's estimate (bytes / 4)
+    scaled by what the replica counted of this session's earlier prompts against the
+    estimates of them (the store's branch counters); the estimate itself for a new one."""
+    counts = ingested.found.counts
+    estimated, counted = counts.get("rendered_tokens", 0), counts.get("upstream_prompt_tokens", 0)
+    if estimated <= 0 or counted <= 0:
+        return hints.prompt_tokens
+    return round(hints.prompt_tokens * counted / estimated)
+
+
 def cost_model(config: GatewayConfig) -> CostModel:
     """The replicas' cost preset, with their CPU offload tier when they have one."""
     return get_preset(config.cost_model).with_offload(config.kv_offload_bytes)
@@ -104,7 +115,7 @@ class KvControl:
         ticket = None
         if self.gate is not None:
             ticket = await self.gate.admit(
-                ingested.tenant, ingested.session, home, hints.prompt_tokens
+                ingested.tenant, ingested.session, home, replica_tokens(ingested, hints)
             )
         return Placement(key, hints, warm, ticket)
 
