@@ -67,6 +67,10 @@ class RequestRecord:
     # Smaller renderings tried after the replica refused the context as too long.
     overflow_retries: int
     at: float
+    # Seconds it waited for working-set admission (0.0: it did not), and the vLLM
+    # priority sent with it (0 with upstream_priority off): gateway.steps.kv.
+    admission_wait_s: float
+    priority: int
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RequestRecord:

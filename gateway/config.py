@@ -122,6 +122,36 @@ class GatewayConfig:
     may carry before the session moves."""
     cost_model: str = "h200-qwen3.6-27b"
     """The replicas' cost preset (router/cost.py) that ``sticky_cost`` prices moves with."""
+    upstream_priority: bool = False
+    """Send vLLM's ``priority`` (lower runs first; the replicas need
+    ``--scheduling-policy priority``, an fcfs replica ignores it): a continuing session whose
+    prefix is warm on its replica ahead of a cold start, composed with the tenant's
+    ``priority`` (``gateway.steps.priority``)."""
+    admission: bool = False
+    """Working-set admission: a request of a session outside its replica's working set (the
+    sessions whose prefixes fit its KV pool) waits at the gateway, first come first served,
+    at most ``admission_max_wait_s`` (``gateway.steps.working_set``)."""
+    admission_max_wait_s: float = 5.0
+    """Longest admission wait; past it the request goes anyway (never refused)."""
+    admission_kv_fraction: float = 0.9
+    """Share of a replica's KV pool the working set may fill (the rest absorbs decode
+    growth and the estimates' error)."""
+    kv_pool_tokens: int | None = None
+    """A replica's KV pool in tokens, where its /metrics lacks ``vllm:cache_config_info``."""
+    pause_reservation: bool = False
+    """Keep a session's footprint reserved on its replica through its tool pause, for as long
+    as its own pauses say it will be gone when re-prefilling it would cost more than an
+    engine step (``router.working_set.reservation_s``); needs ``admission``."""
+    reservation_max_s: float = 120.0
+    """Longest one reservation lasts; a session idle past its reservation releases it."""
+    kv_events: bool = False
+    """Subscribe to the replicas' vLLM KV events (ZMQ, ``--kv-events-config``) to know which
+    of a session's blocks each replica still holds (``router.kv_events``)."""
+    kv_events_port_offset: int = 1000
+    """A replica at ``http://host:port`` publishes its KV events on ``tcp://host:port+offset``."""
+    kv_offload_bytes: int = 0
+    """Each replica's CPU KV offload tier (vLLM ``--kv-offloading-size``), in bytes; 0: none.
+    Evicted blocks then reload from it, which the cost model prices against a recompute."""
     probe_interval_s: float = 2.0
     """Seconds between health probes (and metrics scrapes) of each replica, and between
     re-resolutions of ``replica_dns``; two failed probes in a row take a replica out."""
@@ -188,12 +218,14 @@ def _from_env(name: str, raw: str) -> Any:
         "header_connections_per_client",
         "max_messages",
         "breaker_failures",
+        "kv_pool_tokens",
+        "kv_events_port_offset",
     }:
         return int(raw)
     if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds
         return int(raw)
-    if name in {"ui", "debug"}:
+    if name in {"ui", "debug", "upstream_priority", "admission", "pause_reservation", "kv_events"}:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
-    if name.endswith("_s") or name == "rehome_margin":
+    if name.endswith("_s") or name in {"rehome_margin", "admission_kv_fraction"}:
         return float(raw)
     return raw

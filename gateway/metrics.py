@@ -90,3 +90,22 @@ def cache_callbacks(name: str) -> dict[str, Callable[[int], None]]:
     evictions = CACHE_EVICTIONS.labels(cache=name)
     held = CACHE_BYTES.labels(cache=name)
     return {"on_evict": lambda _size: evictions.inc(), "on_size": held.set}
+
+
+ADMISSION_WAIT_SECONDS = Histogram(
+    "foldgate_admission_wait_seconds",
+    "Time a request waited at the gateway for its session to enter its replica's working set "
+    "(gateway.steps.working_set), by outcome: admitted (no wait), waited, timed_out (went "
+    "after admission_max_wait_s)",
+    ["outcome"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+)
+ADMISSION_WAITING = Gauge(
+    "foldgate_admission_waiting", "Requests waiting now for their session's working-set admission"
+)
+UPSTREAM_PRIORITY = Counter(
+    "foldgate_upstream_priority",
+    "Upstream requests by the priority class the gateway sent (warm: a continuing session "
+    "whose prefix is on its replica; cold: a cold start)",
+    ["class"],
+)

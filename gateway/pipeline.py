@@ -1,6 +1,9 @@
 """One request through the gateway, as DESIGN's steps, one module each (``gateway.steps``):
 
-admit -> decode -> ingest -> render -> route -> forward -> restore -> account -> reply.
+admit -> decode -> ingest -> render -> route -> kv -> forward -> restore -> account -> reply.
+
+(``kv``: the KV events' hints, working-set admission and vLLM priority; a no-op with
+its switches off, ``gateway.steps.kv``.)
 
 The tenant is admitted (a slot among its requests in flight, its request rate) before the
 body is read, so a refused request costs no body read; its prompt's tokens are admitted
@@ -48,6 +51,7 @@ from gateway.steps.decode import Decoder
 from gateway.steps.forward import Forward, Opened
 from gateway.steps.ingest import Ingested, Stored, lookup, store_history
 from gateway.steps.kept import remember_reply
+from gateway.steps.kv import KvControl, Placement
 from gateway.steps.render import Render
 from gateway.steps.render_call import Rendering, keep, render
 from gateway.steps.reply import Reply, reply
@@ -70,6 +74,8 @@ class Started:
     rendering: Rendering
     opened: Opened
     stored: Stored
+    kv: Placement
+    priority: int
 
 
 class Pipeline:
@@ -99,6 +105,7 @@ class Pipeline:
         self.render = Render(config, self.guard, self.pressure)
         self.forward = Forward(config, pool, policy, upstream, self.tenants, self.guard)
         self.restore = RestoreLoop(store, pool, self.guard, config.max_restores)
+        self.kv = KvControl(config, pool, self.tenants)
 
     async def serve(self, dialect: Dialect, request: Request) -> Reply:
         """One request, step by step. An error before the reply raises (the HTTP layer
@@ -185,21 +192,28 @@ class Pipeline:
         hints = route.hints(self.policy, ingested, rendering, ingested.found.assignment)
         if received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
+        kv = await self.kv.place(ingested, hints)  # may wait for working-set admission
+        priority = self.kv.scope(body, ingested, kv)
         stored: Stored | None = None
 
         async def accepted(replica: Replica) -> None:
             # Again when another replica takes a broken non-streaming reply over: the history
             # is appended once (the write is idempotent), the assignment moves to that one.
             nonlocal stored
+            self.kv.started(kv, replica.url)
             expected = stored.assignment if stored else ingested.found.assignment
             stored = await self.store_history(ingested, rendering, replica, expected)
 
         # A store error closes the upstream stream; the client gets the store's error.
-        opened = await self.forward.send(ingested, rendering, body, hints, accepted)
+        try:
+            opened = await self.forward.send(ingested, rendering, body, kv.hints, accepted)
+        except BaseException:
+            self.kv.finish(kv, served=False)
+            raise
         assert stored is not None  # send returns once a replica accepted
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(ingested.raw_tokens)
         metrics.PROMPT_TOKENS.labels(kind="rendered").inc(opened.tokens)
-        return Started(history, rendering, opened, stored)
+        return Started(history, rendering, opened, stored, kv, priority)
 
     async def store_history(
         self,
@@ -222,39 +236,45 @@ class Pipeline:
         restoring = Restoring(
             ingested, started.placed, opened.replica, opened.stats, started.rendering.pressure
         )
-        ask_again = partial(self._ask_again, ingested, stored)
-        async for chunk in self.restore.replies(
-            ingested, stored, restoring, opened.stream, ask_again
-        ):
-            yield chunk
+        ask_again = partial(self._ask_again, ingested, stored, started.kv)
+        served = False
+        try:
+            async for chunk in self.restore.replies(
+                ingested, stored, restoring, opened.stream, ask_again
+            ):
+                yield chunk
+            served = True
+        finally:
+            self.kv.finish(started.kv, served=served)
         # Accounting is bookkeeping, not history: the client need not wait for it.
         request_id = uuid.uuid4().hex
         outcome = restoring.outcome()
+        logged = record(
+            ingested, opened, outcome, admission_wait_s=started.kv.wait_s, priority=started.priority
+        )
         work = account(
-            self.store,
-            self.quotas,
-            ingested,
-            stored,
-            record(ingested, opened, outcome),
-            outcome,
-            request_id=request_id,
+            self.store, self.quotas, ingested, stored, logged, outcome, request_id=request_id
         )
         in_background(self._accounting, work, request_id)
 
     async def _ask_again(
-        self, ingested: Ingested, stored: Stored, restoring: Restoring
+        self, ingested: Ingested, stored: Stored, kv: Placement, restoring: Restoring
     ) -> tuple[Replica, ChatStream, Rendering]:
-        """After a restore: render with the restored content and ask the model again."""
+        """After a restore: render with the restored content and ask the model again (the
+        request's admission still holds)."""
         rendering = self.rendered(ingested, (restoring.history, restoring.state), stored.branch)
         body = self.forward.body(ingested, rendering.transcript)
+        self.kv.scope(body, ingested, kv)
         hints = route.hints(self.policy, ingested, rendering, stored.assignment)
         replica, stream = await self.forward.open(ingested, body, hints)
         return replica, stream, rendering
 
     async def drain(self) -> None:
-        """Wait for accounting still in flight (before the store closes)."""
+        """Wait for accounting still in flight (before the store closes); stop following
+        the replicas' KV events."""
         if self._accounting:
             await asyncio.gather(*self._accounting, return_exceptions=True)
+        await self.kv.close()
 
     def renderer(
         self,

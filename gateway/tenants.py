@@ -163,6 +163,9 @@ class TenantSettings:
     """Live sessions (used within the store's TTL)."""
     session_bytes: int | None = None
     """Stored history bytes per session (a smaller cap than the store's)."""
+    priority: int | None = None
+    """The tenant's vLLM priority with ``upstream_priority`` on (lower runs first; any
+    integer; ``gateway.steps.priority``)."""
 
     @classmethod
     def parse(cls, tenant: str, raw: Mapping[str, Any]) -> TenantSettings:
@@ -185,7 +188,10 @@ class TenantSettings:
             raise ValueError(
                 f"tenants.{tenant}.policy: {policy!r} is not one of {', '.join(POLICY_NAMES)}"
             )
-        for name in known - {"strategy", "policy", "upstream_fields"}:
+        priority = values.get("priority")
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise ValueError(f"tenants.{tenant}.priority must be an integer")
+        for name in known - {"strategy", "policy", "upstream_fields", "priority"}:
             value = values.get(name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1

@@ -32,6 +32,12 @@ Presets:
   against a live replica, the serving-path terms by ``foldgate simulate-fit --experiment``
   from a Locust experiment's request log (the figures below are those commands' output on
   this workplace's 2-core machine).
+A replica with vLLM's CPU KV offload tier (``--kv-offloading-size``, ``offload_tokens`` of
+it) copies blocks it evicts to host memory and loads them back on a hit there: bringing an
+evicted prefix back costs ``reload_s`` (its KV bytes over the host link,
+``offload_bytes_per_s``) instead of ``prefill_s``; ``restore_s`` is the cheaper of the two
+for what the tier can hold.
+
 - ``h200-qwen3.6-27b``: one H200 serving Qwen3.6-27B in bf16, derived from the hardware
   and model figures cited beside each number.
 """
@@ -59,6 +65,9 @@ class CostModel:
     per_output_token_s: float = 0.0
     per_request_s: float = 0.0
     step_jitter: float = 0.0
+    # The CPU offload tier: its size (0: none) and the host link's bytes per second.
+    offload_tokens: int = 0
+    offload_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         costs = (
@@ -69,6 +78,7 @@ class CostModel:
             self.per_output_token_s,
             self.per_request_s,
             self.step_jitter,
+            self.offload_bytes_per_s,
         )
         if any(c < 0 or not math.isfinite(c) for c in costs):
             raise ValueError(f"cost model {self.name!r}: coefficients must be finite and >= 0")
@@ -101,6 +111,25 @@ class CostModel:
             return 0.0
         steps = math.ceil(tokens / self.max_num_batched_tokens)
         return steps * self.per_step_s + tokens * self.per_prefill_token_s
+
+    def reload_s(self, tokens: int) -> float:
+        """Time to load ``tokens`` of KV back from the CPU offload tier (inf without one)."""
+        if tokens <= 0:
+            return 0.0
+        if self.offload_tokens <= 0 or self.offload_bytes_per_s <= 0:
+            return math.inf
+        return tokens * self.kv_bytes_per_token / self.offload_bytes_per_s
+
+    def restore_s(self, tokens: int) -> float:
+        """What bringing an evicted prefix of ``tokens`` back costs: a reload from the
+        offload tier for the part it holds (when cheaper than recomputing it), a prefill
+        for the rest."""
+        kept = min(max(tokens, 0), self.offload_tokens)
+        return min(self.prefill_s(tokens), self.reload_s(kept) + self.prefill_s(tokens - kept))
+
+    def with_offload(self, offload_bytes: int) -> CostModel:
+        """This engine with a CPU offload tier of ``offload_bytes`` (0: none)."""
+        return replace(self, offload_tokens=max(0, offload_bytes) // self.kv_bytes_per_token)
 
     @property
     def kv_pool_blocks(self) -> int:
@@ -144,6 +173,10 @@ PRESETS: dict[str, CostModel] = {
         block_size=16,
         max_num_batched_tokens=8192,
         max_num_seqs=1024,
+        # The offload tier's host link: PCIe Gen5 x16 is 64 GB/s each way; ~50 GB/s of it
+        # in bulk block copies (assumed). A 32k-token prefix (2 GiB) reloads in ~43 ms
+        # against ~3.6 s of prefill.
+        offload_bytes_per_s=50e9,
     ),
     # Fitted by `foldgate simulate fit` (see offline/sim/calibrate.py) against one
     # deploy/cpu replica: 2 layers, 1 KV head of 64 dims in bf16 = 512 KV bytes per
@@ -173,6 +206,8 @@ PRESETS: dict[str, CostModel] = {
         # The same command's spread of those requests' decode stretches around the fitted
         # model.
         step_jitter=0.40,
+        # A CPU replica's "offload" is a memcpy within host memory (assumed ~10 GB/s).
+        offload_bytes_per_s=10e9,
     ),
 }
 

@@ -24,7 +24,9 @@ class RouteHints:
     ``assignment_read``: the caller read the session's assignment (``assignment``) with its
     own store read and writes the chosen replica back with its own store write, so a sticky
     policy neither reads nor writes it (the gateway shares those round trips with the
-    session's history).
+    session's history). ``resident_tokens``: per replica URL, how much of the session's
+    last prefix the replica still holds, from its KV events (``router.kv_events``); None
+    when the gateway does not follow them.
     """
 
     prompt_tokens: int = 0
@@ -34,6 +36,7 @@ class RouteHints:
     assignment: str | None = None
     assignment_read: bool = False
     block_chain: Sequence[int] | None = field(default=None, compare=False)
+    resident_tokens: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Candidate:
     in_flight: int
     kv_usage: float | None
     bound_sessions: int
+    kv_pool_tokens: int | None = None  # scraped (vllm:cache_config_info); None: unknown
 
     @property
     def load(self) -> float:
@@ -69,6 +73,7 @@ def snapshot(replica: Replica, bound_sessions: int = 0) -> Candidate:
         in_flight=replica.in_flight,
         kv_usage=m.kv_cache_usage if m is not None else None,
         bound_sessions=bound_sessions,
+        kv_pool_tokens=m.kv_pool_tokens if m is not None else None,
     )
 
 

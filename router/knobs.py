@@ -53,6 +53,12 @@ class Knobs:
     balance_rel_threshold: float = 1.5
     eviction_interval_s: float = 120.0
     max_tree_size: int = 2**26
+    # Working-set admission (router.working_set_admission; the gateway's config of the same
+    # names): the pool share the set may fill, the longest wait, pause reservations.
+    admission_kv_fraction: float = 0.9
+    admission_max_wait_s: float = 5.0
+    pause_reservation: bool = True
+    reservation_max_s: float = 120.0
 
     def cost_model(self) -> CostModel:
         if self.cost is None:

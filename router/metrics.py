@@ -23,6 +23,7 @@ _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 _PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 _PROMPT_TOKENS_CACHED = ("vllm:prompt_tokens_cached_total",)
+_CACHE_CONFIG = "vllm:cache_config_info"
 
 
 class MetricsParseError(ValueError):
@@ -39,6 +40,8 @@ class ReplicaMetrics:
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     prompt_tokens_cached: float | None = None
+    # The KV pool in tokens (``vllm:cache_config_info``: num_gpu_blocks * block_size).
+    kv_pool_tokens: int | None = None
 
     @property
     def load(self) -> float:
@@ -62,6 +65,7 @@ class MetricsPage:
     totals: dict[str, float]  # sample name -> sum over its label sets
     label_sets: dict[str, int]  # sample name -> how many label sets (engines) it has
     buckets: dict[str, dict[float, float]]  # histogram name -> upper bound -> count
+    kv_pool_tokens: int | None = None  # from the cache_config_info gauge's labels
 
     def total(self, name: str) -> float | None:
         return self.totals.get(name)
@@ -79,6 +83,7 @@ def parse_metrics_page(text: str) -> MetricsPage:
     totals: dict[str, float] = defaultdict(float)
     label_sets: dict[str, int] = defaultdict(int)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    pool_tokens: int | None = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -90,11 +95,24 @@ def parse_metrics_page(text: str) -> MetricsPage:
                     continue
                 totals[sample.name] += sample.value
                 label_sets[sample.name] += 1
+                if sample.name == _CACHE_CONFIG:
+                    pool_tokens = (pool_tokens or 0) + _pool_tokens(sample.labels)
     except ValueError as exc:
         raise MetricsParseError(f"malformed Prometheus text: {exc}") from exc
     return MetricsPage(
-        dict(totals), dict(label_sets), {name: dict(b) for name, b in buckets.items()}
+        dict(totals),
+        dict(label_sets),
+        {name: dict(b) for name, b in buckets.items()},
+        pool_tokens or None,
     )
+
+
+def _pool_tokens(labels: dict[str, str]) -> int:
+    """One engine's KV pool in tokens from its cache config labels (0 when not set yet)."""
+    try:
+        return int(labels.get("num_gpu_blocks") or 0) * int(labels.get("block_size") or 0)
+    except ValueError:
+        return 0
 
 
 def parse_vllm_metrics(text: str) -> ReplicaMetrics:
@@ -123,4 +141,5 @@ def parse_vllm_metrics(text: str) -> ReplicaMetrics:
         prefix_cache_queries=first(_PREFIX_QUERIES),
         prefix_cache_hits=first(_PREFIX_HITS),
         prompt_tokens_cached=first(_PROMPT_TOKENS_CACHED),
+        kv_pool_tokens=page.kv_pool_tokens,
     )

@@ -16,7 +16,8 @@ and one entry below; a policy names the parts it runs. Policies (config names):
   wait (from scraped waiting/running and KV usage) against re-prefilling the session's
   cached prefix elsewhere (its size from the store's per-session accounting, in
   `RouteHints`), plus a prefix scorer for replicas holding the same agent's system prompt
-  or a forked session's parent; a move must win by a hysteresis margin. New sessions go
+  or a forked session's parent, and one for replicas the KV events say still hold the
+  session's prefix; a move must win by a hysteresis margin. New sessions go
   where they fit best: among replicas whose queue wait is near the shortest, the most free
   KV and fewest bound sessions.
 
@@ -53,10 +54,12 @@ from router.scorers.affinity import AffinityBonusScorer
 from router.scorers.approx_tree import ApproxTreeScorer
 from router.scorers.cached_prefix import CachedPrefixScorer
 from router.scorers.fit import FitScorer
+from router.scorers.kv_resident import KvResidentScorer
 from router.scorers.load import LoadScorer
 from router.scorers.prefix import PrefixScorer
 from router.scorers.queue_wait import QueueWaitScorer
 from router.scorers.sessions import FewestSessionsScorer
+from router.working_set_admission import WorkingSetAdmission
 
 FILTERS: dict[str, Callable[[Knobs], Filter]] = {
     "queue_slack": QueueSlackFilter.from_knobs,
@@ -70,6 +73,7 @@ SCORERS: dict[str, Callable[[Knobs], Scorer]] = {
     "fit": FitScorer.from_knobs,
     "fewest_sessions": FewestSessionsScorer.from_knobs,
     "approx_tree": ApproxTreeScorer.from_knobs,
+    "kv_resident": KvResidentScorer.from_knobs,
 }
 PICKERS: dict[str, Callable[[Knobs], Picker]] = {
     "max_score": MaxScorePicker.from_knobs,
@@ -136,7 +140,12 @@ POLICIES: dict[str, PolicySpec] = {
     "sticky_cost": PolicySpec(
         new=ProfileSpec(filters=("queue_slack",), scorers=(("fit", 1.0), ("prefix", 1.0))),
         bound=ProfileSpec(
-            scorers=(("queue_wait", 1.0), ("cached_prefix", 1.0), ("prefix", 1.0)),
+            scorers=(
+                ("queue_wait", 1.0),
+                ("cached_prefix", 1.0),
+                ("prefix", 1.0),
+                ("kv_resident", 1.0),
+            ),
             rotation="bound",
         ),
         moved_reason="queue_cost",
@@ -165,4 +174,5 @@ PEER_POLICY_NAMES: tuple[str, ...] = ("cache_aware", "consistent_hash", "sticky_
 
 ADMISSIONS: dict[str, Callable[[Knobs], Admission]] = {
     "off": AdmitAll.from_knobs,
+    "working_set": WorkingSetAdmission.from_knobs,
 }

@@ -82,6 +82,9 @@ def server_command(
         "--max-model-len", str(max_model_len),
         "--block-size", str(block_size),
         "--enable-prefix-caching",
+        # The gateway's `priority` (upstream_priority) orders the waiting queue and picks
+        # whom to preempt; with fcfs vLLM would ignore it.
+        "--scheduling-policy", "priority",
         "--kv-cache-memory-bytes", str(kv_cache_bytes),
         "--enable-prompt-tokens-details",
         "--enable-auto-tool-choice",

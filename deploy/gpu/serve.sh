@@ -11,6 +11,9 @@
 # default 1), BASE_PORT (8000), HOST (0.0.0.0), SERVED_NAME (default: MODEL), MAX_MODEL_LEN
 # (131072), GPU_MEM_UTIL (0.90), TOOL_PARSER (qwen3_coder), REASONING_PARSER (qwen3; empty
 # to disable), VLLM (the vllm command, default `vllm`), LOG_DIR (.foldgate/logs),
+# KV_EVENTS_PORT_OFFSET (1000: each replica publishes its KV events on port+offset, as the
+# gateway's kv_events_port_offset expects; empty to disable), KV_OFFLOADING_SIZE (GiB of
+# CPU KV offload per replica, vLLM --kv-offloading-size; empty: none),
 # EXTRA_ARGS (appended to every command line, word-split).
 set -euo pipefail
 MODEL="${1:-Qwen/Qwen3.6-27B}"
@@ -24,6 +27,8 @@ TOOL_PARSER="${TOOL_PARSER:-qwen3_coder}"
 REASONING_PARSER="${REASONING_PARSER-qwen3}"
 VLLM="${VLLM:-vllm}"
 LOG_DIR="${LOG_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/.foldgate/logs}"
+KV_EVENTS_PORT_OFFSET="${KV_EVENTS_PORT_OFFSET-1000}"
+KV_OFFLOADING_SIZE="${KV_OFFLOADING_SIZE:-}"
 
 die() { echo "serve.sh: $*" >&2; exit 1; }
 
@@ -58,10 +63,16 @@ for (( r = 0; r < replicas; r++ )); do
     --max-model-len "$MAX_MODEL_LEN"
     --gpu-memory-utilization "$GPU_MEM_UTIL"
     --enable-prefix-caching
+    --scheduling-policy priority
     --enable-prompt-tokens-details
     --enable-auto-tool-choice --tool-call-parser "$TOOL_PARSER"
     --disable-uvicorn-access-log)
   [ -z "$REASONING_PARSER" ] || cmd+=(--reasoning-parser "$REASONING_PARSER")
+  if [ -n "$KV_EVENTS_PORT_OFFSET" ]; then
+    events="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$(( port + KV_EVENTS_PORT_OFFSET ))\",\"topic\":\"kv\"}"
+    cmd+=(--kv-events-config "$events")
+  fi
+  [ -z "$KV_OFFLOADING_SIZE" ] || cmd+=(--kv-offloading-size "$KV_OFFLOADING_SIZE")
   # shellcheck disable=SC2206  # EXTRA_ARGS is meant to be word-split
   cmd+=(${EXTRA_ARGS:-})
   if [ -n "${DRY_RUN:-}" ]; then

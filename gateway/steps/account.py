@@ -32,9 +32,17 @@ ATTEMPTS = 3
 RETRY_S = 0.5  # the first wait before retrying a write the store refused; doubles after
 
 
-def record(ingested: Ingested, opened: Opened, outcome: Outcome) -> RequestRecord:
+def record(
+    ingested: Ingested,
+    opened: Opened,
+    outcome: Outcome,
+    *,
+    admission_wait_s: float = 0.0,
+    priority: int = 0,
+) -> RequestRecord:
     """The request's log record: what it sent, what the strategy did, what the replica
-    reported (summed over restore attempts)."""
+    reported (summed over restore attempts), how long it waited for admission and the
+    priority it was sent with."""
     usage = outcome.usage
     stats = outcome.stats
     return RequestRecord(
@@ -60,6 +68,8 @@ def record(ingested: Ingested, opened: Opened, outcome: Outcome) -> RequestRecor
         restores=outcome.restores,
         overflow_retries=opened.overflow_retries,
         at=time.time(),
+        admission_wait_s=admission_wait_s,
+        priority=priority,
     )
 
 

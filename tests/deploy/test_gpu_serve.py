@@ -53,3 +53,15 @@ def test_bad_gpu_layouts_are_refused() -> None:
     assert uneven.returncode == 1 and "3 GPUs do not split into TP=2 groups" in uneven.stderr
     bad_tp = dry_run(GPUS="0", TP="zero")
     assert bad_tp.returncode == 1 and "TP must be a positive integer" in bad_tp.stderr
+
+
+def test_priority_scheduling_kv_events_and_the_offload_tier() -> None:
+    run = dry_run("org/model", GPUS="0,1", BASE_PORT="8000")
+    assert run.returncode == 0, run.stderr
+    first, second = run.stdout.splitlines()
+    assert "--scheduling-policy priority" in first
+    # Each replica publishes its KV events on its port + 1000 (the gateway's default offset).
+    assert '"endpoint":"tcp://*:9000"' in first and '"endpoint":"tcp://*:9001"' in second
+    assert "--kv-offloading-size" not in first
+    tiered = dry_run("org/model", GPUS="0", KV_OFFLOADING_SIZE="64", KV_EVENTS_PORT_OFFSET="")
+    assert "--kv-offloading-size 64" in tiered.stdout and "--kv-events-config" not in tiered.stdout

@@ -44,6 +44,7 @@ def test_server_command_carries_the_serving_flags() -> None:
         "--block-size 32",
         "--kv-cache-memory-bytes 268435456",
         "--enable-prefix-caching",
+        "--scheduling-policy priority",
         "--enable-prompt-tokens-details",
         "--tool-call-parser hermes",
     ):

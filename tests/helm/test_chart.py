@@ -161,7 +161,7 @@ def test_gateway_discovers_vllm_through_the_headless_service(
     assert vllm["spec"]["serviceName"] == service["metadata"]["name"]
     assert vllm["spec"]["replicas"] == 4
     cont = container(objects, "StatefulSet", f"{FULLNAME}-vllm")
-    assert cont["ports"] == [{"name": "http", "containerPort": 8001, "protocol": "TCP"}]
+    assert cont["ports"][0] == {"name": "http", "containerPort": 8001, "protocol": "TCP"}
     assert flag(cont["args"], "--port") == "8001"
     assert service["spec"]["ports"][0]["port"] == 8001
 
@@ -214,6 +214,40 @@ def test_vllm_parsers_are_settable(chart: helm.Chart) -> None:
     args = container(objects, "StatefulSet", f"{FULLNAME}-vllm")["args"]
     assert flag(args, "--tool-call-parser") == "hermes"
     assert "--reasoning-parser" not in args
+
+
+def test_vllm_priority_scheduling_kv_events_and_offload_tier(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    objects = render(chart, {"networkPolicy": {"enabled": True}})
+    cont = container(objects, "StatefulSet", f"{FULLNAME}-vllm")
+    args = cont["args"]
+    assert flag(args, "--scheduling-policy") == "priority"
+    events = json.loads(flag(args, "--kv-events-config"))
+    assert events == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:9000",  # the HTTP port + the gateway's kv_events_port_offset
+        "topic": "kv",
+    }
+    assert {"name": "kv-events", "containerPort": 9000, "protocol": "TCP"} in cont["ports"]
+    policy = objects[("NetworkPolicy", f"{FULLNAME}-vllm")]["spec"]["ingress"]
+    assert any(p["port"] == "kv-events" for rule in policy for p in rule["ports"])
+    assert "--kv-offloading-size" not in args
+    assert gateway_config(objects, tmp_path).kv_events_port_offset == 1000
+
+    tiered = render(
+        chart,
+        {
+            "vllm": {"kvOffloadingGiB": 64, "kvEvents": {"enabled": False}},
+            "config": {"kv_offload_bytes": 64 * 2**30, "kv_events": True, "admission": True},
+        },
+    )
+    args = container(tiered, "StatefulSet", f"{FULLNAME}-vllm")["args"]
+    assert flag(args, "--kv-offloading-size") == "64"
+    assert "--kv-events-config" not in args
+    config = gateway_config(tiered, tmp_path)
+    assert config.kv_offload_bytes == 64 * 2**30 and config.kv_events and config.admission
 
 
 def test_vllm_model_from_host_path(chart: helm.Chart) -> None:

@@ -1,0 +1,144 @@
+"""KV: what the request path does for the replicas' KV pools, between route and forward.
+
+Three switches of ``GatewayConfig``, each off by default and each a no-op when off (the
+request goes exactly as without this step):
+
+- ``kv_events``: the replicas' KV events (``router.kv_subscriber``) say how much of the
+  session's last prefix each replica holds; the routing hints carry it (the session's own
+  replica's figure as its cached prefix, the others' for ``kv_resident``), and every
+  upstream request names its session (``session_id``: ``router.kv_events.session_key``).
+- ``admission`` (+ ``pause_reservation``): the working-set wait
+  (``gateway.steps.working_set``).
+- ``upstream_priority``: vLLM's ``priority`` (``gateway.steps.priority``), warm when the
+  session is continuing on its replica and its prefix is there as far as the gateway
+  knows (the events' figure; else its working-set membership; else that it continues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.steps.ingest import Ingested
+from gateway.steps.priority import set_priority, tenant_base, upstream_priority
+from gateway.steps.route import LAST_PROMPT
+from gateway.steps.working_set import Ticket, WorkingSetGate
+from gateway.tenants import Tenants
+from router import ReplicaPool, RouteHints
+from router.cost import CostModel, get_preset
+from router.kv_events import session_key
+from router.kv_subscriber import KvEventSubscriber
+from router.working_set_admission import WorkingSetAdmission
+
+SESSION_FIELD = "session_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What this step decided for one request before it goes upstream."""
+
+    key: str
+    hints: RouteHints
+    warm: bool
+    ticket: Ticket | None
+
+    @property
+    def wait_s(self) -> float:
+        return self.ticket.wait_s if self.ticket is not None else 0.0
+
+
+def replica_tokens(ingested: Ingested, hints: RouteHints) -> int:
+    """The rendered prompt in the replica's tokens: the gateway's estimate (bytes / 4)
+    scaled by what the replica counted of this session's earlier prompts against the
+    estimates of them (the store's branch counters); the estimate itself for a new one."""
+    counts = ingested.found.counts
+    estimated, counted = counts.get("rendered_tokens", 0), counts.get("upstream_prompt_tokens", 0)
+    if estimated <= 0 or counted <= 0:
+        return hints.prompt_tokens
+    return round(hints.prompt_tokens * counted / estimated)
+
+
+def cost_model(config: GatewayConfig) -> CostModel:
+    """The replicas' cost preset, with their CPU offload tier when they have one."""
+    return get_preset(config.cost_model).with_offload(config.kv_offload_bytes)
+
+
+class KvControl:
+    def __init__(self, config: GatewayConfig, pool: ReplicaPool, tenants: Tenants) -> None:
+        self.config = config
+        self.pool = pool
+        self.tenants = tenants
+        self.gate = None
+        if config.admission:
+            admission = WorkingSetAdmission(
+                cost_model(config),
+                fraction=config.admission_kv_fraction,
+                max_wait_s=config.admission_max_wait_s,
+                reserve=config.pause_reservation,
+                reservation_max_s=config.reservation_max_s,
+                pool_tokens=config.kv_pool_tokens,
+            )
+            self.gate = WorkingSetGate(admission, pool)
+        self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None
+
+    def resident(self, ingested: Ingested, key: str) -> dict[str, int] | None:
+        """Per routable replica, the tokens of the session's last prefix it holds (only
+        replicas whose events named the session); None without events."""
+        if self.events is None:
+            return None
+        salt = self.tenants.cache_salt(ingested.tenant)
+        found: dict[str, int] = {}
+        for replica in self.pool.routable():
+            tokens = self.events.index(replica.url).resident_tokens(key, salt)
+            if tokens is not None:
+                found[replica.url] = tokens
+        return found
+
+    async def place(self, ingested: Ingested, hints: RouteHints) -> Placement:
+        """The routing hints with what the KV events say, whether the session is warm, and
+        its working-set admission (waits here)."""
+        key = session_key(ingested.tenant, ingested.session)
+        home = ingested.found.assignment
+        last = ingested.found.counts.get(LAST_PROMPT)
+        resident = self.resident(ingested, key)
+        if resident is not None:
+            hints = replace(hints, resident_tokens=resident)
+            if home in resident and hints.cached_prefix_tokens is not None:
+                hints = replace(hints, cached_prefix_tokens=resident[home])
+        warm = home is not None and bool(last)
+        if warm and resident is not None and home in resident:
+            warm = 2 * resident[home] >= int(last or 0)
+        elif warm and self.gate is not None:
+            warm = self.gate.holds(ingested.tenant, ingested.session, home or "")
+        ticket = None
+        if self.gate is not None:
+            ticket = await self.gate.admit(
+                ingested.tenant, ingested.session, home, replica_tokens(ingested, hints)
+            )
+        return Placement(key, hints, warm, ticket)
+
+    def scope(self, body: MutableMapping[str, Any], ingested: Ingested, placed: Placement) -> int:
+        """The upstream body's fields of this step: the session's name for the KV events,
+        the priority (returned; 0 when not sent)."""
+        if self.events is not None:
+            body[SESSION_FIELD] = placed.key
+        if not self.config.upstream_priority:
+            return 0
+        configured = self.tenants.settings(ingested.tenant).priority
+        priority = upstream_priority(tenant_base(body, configured), placed.warm)
+        set_priority(body, priority, placed.warm)
+        return priority
+
+    def started(self, placed: Placement, replica_url: str) -> None:
+        if self.gate is not None and placed.ticket is not None:
+            self.gate.started(placed.ticket, replica_url)
+
+    def finish(self, placed: Placement, *, served: bool) -> None:
+        if self.gate is not None and placed.ticket is not None:
+            self.gate.finish(placed.ticket, served=served)
+
+    async def close(self) -> None:
+        if self.events is not None:
+            await self.events.close()

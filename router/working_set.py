@@ -1,0 +1,116 @@
+"""Working-set admission and pause reservation: pure decisions over a snapshot of one
+replica's KV pool and the sessions holding a share of it (no clock: ``now`` is passed in,
+no I/O). The gateway's ``gateway.steps.working_set`` and the simulator call these.
+
+vLLM v1 frees a finished request's blocks into its prefix cache (still hashed, first in
+line for eviction) and counts them free in ``kv_cache_usage_perc``; a new request's prefill
+evicts the oldest of them. A session in its tool pause therefore keeps its prefix only
+while the prompts that arrive meanwhile fit in what is free. Admission keeps the sessions
+whose prefixes fit the pool together (the working set) and makes any other wait, so the
+sessions that will return find their prefix, instead of every session thrashing.
+
+A session is in its replica's working set while a request of it runs there, or while its
+pause reservation lasts: the footprint (its last prompt) is held for as long as the
+session's own pauses say it will be gone, when bringing it back would cost more than an
+engine step (``reservation_s``); a session idle past its reservation leaves the set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from router.cost import CostModel
+
+# The reservation covers the session's upper-quartile pause times this: a pause a little
+# longer than the ones seen still finds its prefix.
+PAUSE_SLACK = 1.5
+# Pauses a session's history keeps (the most recent), and the quantile planned for.
+PAUSES_KEPT = 8
+PAUSE_QUANTILE = 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A session's share of one replica's pool: ``tokens`` (its last prompt, what its
+    prefix holds there), its requests running there, and when its reservation ends."""
+
+    tokens: int
+    running: int = 0
+    reserved_until: float = 0.0
+
+    def holds(self, now: float) -> bool:
+        """In the working set: a request of it runs, or its reservation lasts."""
+        return self.running > 0 or self.reserved_until > now
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """One replica's KV pool as admission sees it: its size and what its last scrape said
+    running requests use (vLLM's usage counts cached-but-free blocks as free)."""
+
+    pool_tokens: int
+    used_tokens: int = 0
+
+
+def occupied_tokens(room: Room, members: Sequence[Member], now: float) -> int:
+    """What the working set takes: running sessions (as scraped, or as this gateway counts
+    them where the scrape lags) plus the reserved footprints of paused ones."""
+    running = sum(m.tokens for m in members if m.running > 0)
+    reserved = sum(m.tokens for m in members if m.running == 0 and m.reserved_until > now)
+    return max(room.used_tokens, running) + reserved
+
+
+def admits(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+    queued_ahead: int = 0,
+) -> bool:
+    """Whether a request of ``session`` (``tokens`` of prompt) goes to the replica now.
+
+    A member of the working set always goes (its prefix is held for it). Any other session
+    goes when nobody queued before it for this replica (``queued_ahead``: first come first
+    served) and its prompt fits beside the set in ``fraction`` of the pool; a replica whose
+    set is empty takes anyone, however large, so no session waits for a pool it can never fit.
+    """
+    own = members.get(session)
+    if own is not None and own.holds(now):
+        return True
+    if queued_ahead > 0:
+        return False
+    holding = [m for key, m in members.items() if key != session and m.holds(now)]
+    if not holding:
+        return True
+    return occupied_tokens(room, holding, now) + tokens <= fraction * room.pool_tokens
+
+
+def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:
+    """When the earliest reservation of an idle member ends (the set may then take a waiting
+    session); None when none is pending."""
+    ends = [m.reserved_until for m in members.values() if m.running == 0 and m.reserved_until > now]
+    return min(ends, default=None)
+
+
+def expected_pause_s(pauses: Sequence[float], prior_s: float) -> float:
+    """The pause to plan for: the upper quartile (nearest rank) of the session's recent
+    pauses (request end to its next request); ``prior_s`` before its first."""
+    if not pauses:
+        return prior_s
+    ordered = sorted(pauses)
+    return ordered[max(0, math.ceil(PAUSE_QUANTILE * len(ordered)) - 1)]
+
+
+def reservation_s(expected_pause: float, tokens: int, cost: CostModel, max_s: float) -> float:
+    """How long a session's footprint stays reserved after its request: its expected pause
+    with slack, at most ``max_s``; 0 when bringing it back after an eviction (re-prefill
+    or, with an offload tier, reload: ``CostModel.restore_s``) costs no more than one
+    engine step beyond the step its next request runs in anyway."""
+    if cost.restore_s(tokens) <= 2 * cost.per_step_s:
+        return 0.0
+    return min(max_s, PAUSE_SLACK * expected_pause)

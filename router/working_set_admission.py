@@ -1,0 +1,184 @@
+"""Working-set admission at the routing seam (``router.admission_seam``): the state that
+``router.working_set``'s pure decisions read, kept by the calls the gateway
+(``gateway.steps.working_set``) and the simulator (``offline.sim.routing``) both make:
+``decide`` for a routed request, ``started`` once it is sent, ``ended`` at its reply's end.
+No clock is read: ``now`` comes in with every call.
+
+State: per replica, the sessions holding a share of its pool (``Member``); the sessions
+waiting, each with the replica it waits for and since when (first come first served: a
+request waits behind every earlier one for its replica); each session's recent pauses
+(from a reply's end to its next request), which size its reservation. A request that has
+waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Self
+
+from router.admission_seam import AdmissionRequest, AdmissionVerdict
+from router.cost import CostModel
+from router.inputs import Candidate
+from router.knobs import Knobs
+from router.working_set import (
+    PAUSES_KEPT,
+    Member,
+    Room,
+    admits,
+    expected_pause_s,
+    next_release,
+    reservation_s,
+)
+
+# The pause planned for before any session's pause was seen: agents' tool calls take
+# seconds (the pressure profile's think time is drawn around a few).
+PRIOR_PAUSE_S = 5.0
+# Recent pauses of all sessions, a new session's prior; sessions whose pauses are kept.
+GLOBAL_PAUSES_KEPT = 64
+PAUSE_HISTORIES = 100_000
+
+Key = tuple[str, str]  # (tenant, session)
+
+
+@dataclass(slots=True)
+class _Pauses:
+    last_end: float | None = None
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=PAUSES_KEPT))
+
+
+class WorkingSetAdmission:
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        fraction: float = 0.9,
+        max_wait_s: float = 5.0,
+        reserve: bool = True,
+        reservation_max_s: float = 120.0,
+        pool_tokens: int | None = None,
+    ) -> None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"admission_kv_fraction must be in (0, 1], got {fraction}")
+        if max_wait_s < 0 or reservation_max_s < 0:
+            raise ValueError("admission_max_wait_s and reservation_max_s must be >= 0")
+        self.cost = cost
+        self.fraction = fraction
+        self.max_wait_s = max_wait_s
+        self.reserve = reserve
+        self.reservation_max_s = reservation_max_s
+        self.pool_tokens = pool_tokens  # where a replica's scrape has none
+        self.members: dict[str, dict[Key, Member]] = {}
+        self.waiting: dict[Key, tuple[str, float]] = {}  # -> (replica, since), arrival order
+        self._pauses: OrderedDict[Key, _Pauses] = OrderedDict()
+        self._recent: deque[float] = deque(maxlen=GLOBAL_PAUSES_KEPT)
+
+    @classmethod
+    def from_knobs(cls, knobs: Knobs) -> Self:
+        return cls(
+            knobs.cost_model(),
+            fraction=knobs.admission_kv_fraction,
+            max_wait_s=knobs.admission_max_wait_s,
+            reserve=knobs.pause_reservation,
+            reservation_max_s=knobs.reservation_max_s,
+        )
+
+    def room(self, candidate: Candidate | None) -> Room | None:
+        """A replica's pool (its scrape's, else the configured or the cost model's) and what
+        its running requests use."""
+        scraped = candidate.kv_pool_tokens if candidate is not None else None
+        pool = scraped or self.pool_tokens or self.cost.kv_pool_tokens
+        usage = (candidate.kv_usage if candidate is not None else None) or 0.0
+        return Room(pool, int(usage * pool)) if pool else None
+
+    def holds(self, tenant: str, session: str, replica: str, now: float) -> bool:
+        """Whether the session is in the replica's working set."""
+        member = self.members.get(replica, {}).get((tenant, session))
+        return member is not None and member.holds(now)
+
+    def decide(self, request: AdmissionRequest) -> AdmissionVerdict:
+        key = (request.tenant, request.session)
+        now = request.now
+        if key not in self.waiting:
+            self._arrived(key, now)
+        url = request.replica
+        candidate = next((c for c in request.candidates if c.url == url), None)
+        room = self.room(candidate)
+        members = self.members.get(url, {})
+        since = self.waiting.get(key, (url, now))[1]
+        ahead = sum(1 for k, (r, t) in self.waiting.items() if r == url and t < since and k != key)
+        if room is None or admits(
+            room, members, key, request.prompt_tokens, now,
+            fraction=self.fraction, queued_ahead=ahead,
+        ):  # fmt: skip
+            waited = self.waiting.pop(key, None) is not None
+            return AdmissionVerdict(True, "waited" if waited else "admitted")
+        if request.waited_s >= self.max_wait_s:
+            self.waiting.pop(key, None)
+            return AdmissionVerdict(True, "timed_out")
+        self.waiting[key] = (url, since)
+        release = next_release(members, now)
+        deadline = now + self.max_wait_s - request.waited_s
+        return AdmissionVerdict(False, "waiting", min(deadline, release or deadline))
+
+    def started(self, request: AdmissionRequest) -> None:
+        key = (request.tenant, request.session)
+        self.waiting.pop(key, None)
+        for url, members in self.members.items():  # a session moved: its old share goes
+            if url != request.replica:
+                members.pop(key, None)
+        members = self.members.setdefault(request.replica, {})
+        old = members.get(key)
+        # Its tokens: this prompt (the session's prefix grows); its reservation is over, it
+        # is back (the next reply's end sets the next one).
+        members[key] = Member(request.prompt_tokens, (old.running if old else 0) + 1, 0.0)
+
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
+        """A reply of the session on ``replica`` ended (``served``: it was answered, so the
+        session pauses now and its footprint is reserved through the pause)."""
+        key = (tenant, session)
+        members = self.members.get(replica, {})
+        member = members.get(key)
+        if served:
+            self._pauses_of(key).last_end = now
+        if member is not None:
+            until = member.reserved_until
+            if served and self.reserve and member.running == 1:  # its last request ended
+                expected = expected_pause_s(self._pauses_of(key).gaps, self._prior())
+                hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
+                until = now + hold
+            updated = Member(member.tokens, max(0, member.running - 1), until)
+            if updated.holds(now):
+                members[key] = updated
+            else:
+                del members[key]
+        self._expire(now)
+
+    def withdrawn(self, tenant: str, session: str) -> None:
+        """A waiting request went away (its client left) before it was admitted."""
+        self.waiting.pop((tenant, session), None)
+
+    def _expire(self, now: float) -> None:
+        for members in self.members.values():
+            for key in [k for k, m in members.items() if not m.holds(now)]:
+                del members[key]
+
+    def _arrived(self, key: Key, now: float) -> None:
+        pauses = self._pauses_of(key)
+        if pauses.last_end is not None:
+            gap = max(0.0, now - pauses.last_end)
+            pauses.gaps.append(gap)
+            self._recent.append(gap)
+            pauses.last_end = None
+
+    def _pauses_of(self, key: Key) -> _Pauses:
+        pauses = self._pauses.pop(key, None) or _Pauses()
+        self._pauses[key] = pauses  # most recently used last
+        while len(self._pauses) > PAUSE_HISTORIES:
+            self._pauses.popitem(last=False)
+        return pauses
+
+    def _prior(self) -> float:
+        return expected_pause_s(self._recent, PRIOR_PAUSE_S)

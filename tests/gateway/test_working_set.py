@@ -1,0 +1,146 @@
+"""Working-set admission, pause reservation and vLLM priority through a real gateway (real
+store: Redis) in front of two FAKE upstreams (instant replies after a scripted delay: what
+is tested is the gateway's waiting, not a model's serving)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+
+import httpx
+from prometheus_client import REGISTRY
+
+from gateway.config import GatewayConfig
+from loadtests.fake_upstream import FakeUpstream, ScriptedReply
+from loadtests.local_servers import running_gateway
+
+SESSIONS = 8
+STEPS = 3
+# Each session's prompt: ~4,000 characters of JSON, ~1,000 tokens by the fake's count and
+# the gateway's estimate; two replicas of 2,500 tokens: two sessions fit on each (at 0.9).
+PROMPT_CHARS = 4000
+POOL_TOKENS = 2500
+MAX_WAIT_S = 1.5
+SLACK_S = 0.5  # the event loop's scheduling on a loaded 2-core machine
+
+
+def body(session: int, step: int) -> dict:
+    messages = [{"role": "system", "content": f"agent {session} " + "x" * PROMPT_CHARS}]
+    for i in range(step):
+        messages += [
+            {"role": "user", "content": f"step {i}"},
+            {"role": "assistant", "content": f"done {i}"},
+        ]
+    messages.append({"role": "user", "content": f"step {step}"})
+    return {"model": "m", "messages": messages, "max_tokens": 8, "stream": False}
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def drive(url: str, run: str, session: int, think_s: float) -> list[float]:
+    """One agent session: STEPS requests with a think time between; each request's time."""
+    took = []
+    async with httpx.AsyncClient(timeout=60) as http:
+        for step in range(STEPS):
+            start = time.monotonic()
+            resp = await http.post(
+                f"{url}/v1/chat/completions",
+                json=body(session, step),
+                headers={"x-session-id": f"{run}-s{session}", "x-foldgate-strategy": "base"},
+            )
+            assert resp.status_code == 200, resp.text
+            took.append(time.monotonic() - start)
+            await asyncio.sleep(think_s)  # the agent's tool call (simulated pause)
+    return took
+
+
+async def run(config: GatewayConfig, reply: ScriptedReply, think_s: float):
+    fakes = [await FakeUpstream(default=reply).start() for _ in range(2)]
+    try:
+        config = replace(config, replicas=tuple(f.url for f in fakes))
+        run = uuid.uuid4().hex[:8]  # the store (one Redis per test session) is shared
+        async with running_gateway(config) as url:
+            times = await asyncio.gather(*(drive(url, run, s, think_s) for s in range(SESSIONS)))
+            async with httpx.AsyncClient(timeout=30) as http:
+                logs = [
+                    (await http.get(f"{url}/v1/sessions/{run}-s{s}")).json()["log"]
+                    for s in range(SESSIONS)
+                ]
+        return times, logs, [r for f in fakes for r in f.requests]
+    finally:
+        for f in fakes:
+            await f.stop()
+
+
+def kv_config(redis_url: str, **overrides) -> GatewayConfig:
+    settings = {
+        "admission": True,
+        "admission_max_wait_s": MAX_WAIT_S,
+        "kv_pool_tokens": POOL_TOKENS,
+        "pause_reservation": True,
+        "reservation_max_s": 1.0,
+        "upstream_priority": True,
+    }
+    return GatewayConfig(store_url=redis_url, probe_interval_s=0.5, **{**settings, **overrides})
+
+
+async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_url):
+    before = {o: sample("foldgate_admission_wait_seconds_count", outcome=o) for o in
+              ("admitted", "waited", "timed_out")}  # fmt: skip
+    reply = ScriptedReply(content="ok", first_chunk_delay_s=0.3)
+    _, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
+    # Every session completed every step.
+    assert [len(log) for log in logs] == [STEPS] * SESSIONS
+    waits = [r["admission_wait_s"] for log in logs for r in log]
+    # Twice as many sessions as fit: some waited, and none longer than the bound.
+    assert max(waits) > 0.05, waits
+    assert max(waits) <= MAX_WAIT_S + SLACK_S, waits
+    counted = {
+        o: sample("foldgate_admission_wait_seconds_count", outcome=o) - before[o] for o in before
+    }
+    assert sum(counted.values()) == SESSIONS * STEPS
+    assert counted["waited"] + counted["timed_out"] > 0
+    # Priority: a session's first request is a cold start (1), a continuing one on the
+    # replica that holds it is warm (0); every request carries one.
+    assert all(b["priority"] in (0, 1) for b in bodies)
+    first = [log[0]["priority"] for log in logs]
+    assert first == [1] * SESSIONS
+    assert any(r["priority"] == 0 for log in logs for r in log[1:])
+
+
+async def test_a_tenants_priority_composes_with_the_sessions_class(redis_url):
+    config = kv_config(redis_url, tenants={"*": {"priority": -1}}, admission=False)
+    _, logs, bodies = await run(config, ScriptedReply(content="ok"), think_s=0.0)
+    # -1 * 2 + class: -1 for a cold start, -2 for a warm continuation.
+    assert {log[0]["priority"] for log in logs} == {-1}
+    assert {r["priority"] for log in logs for r in log[1:]} <= {-1, -2}
+    assert {b["priority"] for b in bodies} <= {-1, -2}
+
+
+async def test_switched_off_the_upstream_requests_and_logs_are_todays(redis_url):
+    """With every switch off (the defaults) nothing of this step reaches the upstream or
+    waits: the bodies carry neither priority nor session_id, the logs record no wait and
+    priority 0, and the bodies equal those of a gateway configured with every switch
+    explicitly off."""
+    reply = ScriptedReply(content="ok")
+    default = GatewayConfig(store_url=redis_url, probe_interval_s=0.5)
+    off = replace(
+        kv_config(redis_url),
+        admission=False,
+        pause_reservation=False,
+        upstream_priority=False,
+        kv_events=False,
+    )
+    _, logs, bodies = await run(default, reply, think_s=0.0)
+    _, _, bodies_off = await run(off, reply, think_s=0.0)
+    assert not any("priority" in b or "session_id" in b for b in bodies)
+    assert {(r["admission_wait_s"], r["priority"]) for log in logs for r in log} == {(0.0, 0)}
+
+    def canonical(bs: list[dict]) -> list[str]:
+        return sorted(str(sorted(b.items())) for b in bs)
+
+    assert canonical(bodies) == canonical(bodies_off)
