@@ -34,6 +34,8 @@ ROUTER_READY_S = 60.0
 ROUTER_INSTALL_HINT = "pip install -e '.[peers]' (installs vllm-router)"
 # Past the load's own bound: Locust's start (trajectories, tokenizer) and its shutdown.
 LOCUST_GRACE_S = 60.0
+# A replica is ready in 20-40 s on an idle 2-core machine, 4 minutes when others compute.
+REPLICA_READY_S = 600.0
 
 
 class ExperimentError(RuntimeError):
@@ -284,7 +286,7 @@ class Replicas:
                 kv_cache_bytes=cell.kv_cache_bytes, max_model_len=self.settings.max_model_len,
                 block_size=self.settings.block_size, served_name=self.settings.model,
                 log_dir=log_dir, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-                kv_events=self.settings.kv_events,
+                kv_events=self.settings.kv_events, ready_timeout_s=REPLICA_READY_S,
             )  # fmt: skip
         except ReplicaError as exc:
             raise ExperimentError(f"{cell.name}: {exc}") from exc
