@@ -117,7 +117,7 @@ def router_binary() -> Path:
 
 
 def router_command(
-    policy: str, port: int, metrics_port: int, urls: list[str], settings: Settings
+    policy: str, port: int, metrics_port: int, urls: list[str], settings: Settings | None = None
 ) -> list[str]:
     """vllm-router in front of ``urls`` with ``policy`` at its defaults. ``kv_aware`` reads
     each replica's KV events (``deploy.cpu.vllm_server.kv_events_args``: the profile needs
@@ -130,7 +130,7 @@ def router_command(
         "--log-level", "warning",
     ]  # fmt: skip
     if policy == "kv_aware":
-        if not settings.kv_events:
+        if settings is None or not settings.kv_events:
             raise ExperimentError("router_policy kv_aware needs kv_events = true in the profile")
         for url in urls:
             cmd += ["--kv-event-source", f"{url}={kv_events_endpoint(url)}"]

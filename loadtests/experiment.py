@@ -318,10 +318,11 @@ def experiment_command(
             f"{plan_text(profile)}"
         )
         return
+    # Absolute: Locust runs in each cell's folder and is handed paths under it.
     out = (
         out
         or ROOT / ".foldgate" / "experiments" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    ).resolve()
     console.print(f"profile {profile.name}: {len(profile.cells)} cells -> {out}")
     # SIGTERM unwinds like Ctrl-C, so every cell's processes are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)

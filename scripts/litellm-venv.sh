@@ -17,6 +17,6 @@ python=${PYTHON:-python3.11}
   'pyyaml>=6.0.3' 'rq>=2.7' 'orjson>=3.12' 'hiredis>=3.5' 'apscheduler>=3.11.2' \
   'fastapi-sso>=0.19' 'pyjwt>=2.13' 'python-multipart>=0.0.27' 'cryptography>=49' \
   'pynacl>=1.6.2' 'websockets>=15.0.1,<16' 'semver>=3.0.4' 'redis' 'gunicorn>=23,<24' \
-  'restrictedpython>=8.5,<9' 'expression>=5.6,<6' 'mcp>=2.3,<3' 'tomlkit>=0.13.3' 'rich>=13.9.4,<14'
-"$venv/bin/python" -c "import litellm.proxy.proxy_server" \
+  'restrictedpython>=8.5,<9' 'expression>=5.6,<6' 'soundfile>=0.12.1' 'mcp>=2.3,<3' 'tomlkit>=0.13.3' 'rich>=13.9.4,<14'
+LITELLM_LOCAL_MODEL_COST_MAP=True "$venv/bin/python" -c "import litellm.proxy.proxy_server" \
   && echo "LiteLLM proxy ready: $venv/bin/litellm"
