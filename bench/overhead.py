@@ -308,14 +308,18 @@ def report_curve(points: list[dict[str, Any]], meta: dict[str, Any], args: Any) 
     else:
         table = Table(title=title)
         for name in ("front", "history tok", "body KB", "sessions", "added ms p50 / p99",
-                     "req/CPU-s", "samples"):  # fmt: skip
+                     "req/CPU-s", "samples", "failed"):  # fmt: skip
             table.add_column(name, justify="left" if name == "front" else "right")
         for r in points:
             table.add_row(
                 r["front"], f"{r['history_tokens']:,}", f"{r['body_kb']:.0f}", str(r["sessions"]),
                 f"{r['added_ms_p50']:.2f} / {r['added_ms_p99']:.2f}",
-                f"{r['req_per_cpu_s']:.0f}", str(r["samples"]),
+                f"{r['req_per_cpu_s']:.0f}", str(r["samples"]), str(r["failed"]),
             )  # fmt: skip
+        for r in points:
+            if r["failed"]:
+                print(f"{r['front']} at {r['history_tokens']:,} tokens, {r['sessions']} "
+                      f"sessions: {r['failed']} failed, first: {r['first_failure']}")  # fmt: skip
         Console(width=160).print(table)
     plot_curve(points, args.plot, title)
     print(f"plot: {args.plot}", file=sys.stderr)

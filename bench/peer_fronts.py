@@ -118,6 +118,16 @@ async def curve_point(
     warm = bodies[-per_session - 1]
     added: dict[str, list[float]] = {name: [] for name in fronts}
     served = dict.fromkeys(fronts, 0)
+    failed: dict[str, list[str]] = {name: [] for name in ("direct", *fronts)}
+
+    async def send(http: aiohttp.ClientSession, name: str, url: str, body: bytes,
+                   headers: dict[str, str]) -> float | None:  # fmt: skip
+        """Seconds for the whole reply; None (and the reason kept) when it failed."""
+        try:
+            return await post(http, url, body, headers)
+        except (RuntimeError, aiohttp.ClientError, TimeoutError) as exc:
+            failed[name].append(str(exc) or type(exc).__name__)
+            return None
 
     async def one_session(http: aiohttp.ClientSession, index: int) -> None:
         calls = [("direct", f"{upstream}/v1/chat/completions", json_type)]
@@ -126,16 +136,18 @@ async def curve_point(
             headers |= front_headers(name)
             calls.append((name, f"{url}/v1/chat/completions", headers))
         for name, url, headers in calls[1:]:
-            await post(http, url, warm, headers)
-            served[name] += 1
+            if await send(http, name, url, warm, headers) is not None:
+                served[name] += 1
         for t, body in enumerate(timed):
             turn = (index + t) % len(calls)
             took = {}
             for name, url, headers in calls[turn:] + calls[:turn]:
-                took[name] = await post(http, url, body, headers)
+                took[name] = await send(http, name, url, body, headers)
             for name in fronts:
-                added[name].append(took[name] - took["direct"])
-                served[name] += 1
+                if took[name] is not None:
+                    served[name] += 1
+                    if took["direct"] is not None:
+                        added[name].append(took[name] - took["direct"])
 
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=900)
@@ -143,12 +155,16 @@ async def curve_point(
         cpu_before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
         await asyncio.gather(*(one_session(http, i) for i in range(sessions)))
         cpu = {name: tree_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    nan = float("nan")
     return {
         name: {
-            "added_ms_p50": median(added[name]) * 1e3,
-            "added_ms_p99": _p99(added[name]) * 1e3,
-            "req_per_cpu_s": served[name] / cpu[name] if cpu[name] > 0 else float("nan"),
+            "added_ms_p50": median(added[name]) * 1e3 if added[name] else nan,
+            "added_ms_p99": _p99(added[name]) * 1e3 if added[name] else nan,
+            "req_per_cpu_s": served[name] / cpu[name] if cpu[name] > 0 else nan,
             "samples": len(added[name]),
+            "failed": len(failed[name]),
+            "first_failure": failed[name][0] if failed[name] else "",
+            "direct_failed": len(failed["direct"]),
         }
         for name in fronts
     }
@@ -170,12 +186,12 @@ async def curve(
     samples: int,
 ) -> list[dict[str, Any]]:
     """Every (history size, concurrency) point; about ``samples`` timed requests per front
-    per point (at least two per session)."""
+    per point (at least one per session)."""
     rows = []
     for tokens in sizes:
         bodies = sized_bodies(tokens, steps)
         for sessions in concurrencies:
-            per_session = max(2, -(-samples // sessions))
+            per_session = max(1, -(-samples // sessions))
             point = await curve_point(fronts, pids, upstream, bodies, sessions, per_session)
             body_bytes = median(len(b) for b in bodies[-per_session:])
             for name, figures in point.items():

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
+
+from loadtests.plan import Cell
 
 # Where a row keeps each figure's (min, max) over the runs it aggregates.
 SPREAD = "spread"
+# What names a cell, not a figure: never averaged.
+_CELL_KEYS = frozenset({"run", *(f.name for f in fields(Cell))})
 
 
 def fmt(value: Any, pattern: str) -> str:
@@ -35,7 +40,7 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         spread: dict[str, tuple[float, float]] = {}
         for key, value in runs[0].items():
             values = [r.get(key) for r in runs]
-            if key == "run" or isinstance(value, bool) or not isinstance(value, int | float):
+            if key in _CELL_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             numbers = [v for v in values if isinstance(v, int | float)]
             if not numbers:
