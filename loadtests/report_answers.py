@@ -1,13 +1,18 @@
-"""The report's answers to the three questions the experiments exist for, from the rows as
-measured (whichever arm wins): prefix-cache hits by routing, strategies against base, and
-foldgate against no gateway under a step load."""
+"""The report's answers to the questions the experiments exist for, from the rows as
+measured (whichever arm wins): prefix-cache hits by routing, strategies against base,
+foldgate against no gateway under a step load, foldgate's default against the best
+vllm-router policy (by the simulator comparison's tie rule), and each arm's capacity.
+Every table shows the peer arms (vllm-router, straight round-robin) beside foldgate's."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from loadtests.report_tables import fmt, stage_table, table
+from gateway.config import GatewayConfig
+from loadtests.report_tables import arm_label, fmt, stage_table, table
+from offline.sim.ordering import spread
 
 
 def _by(rows: Sequence[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
@@ -29,7 +34,12 @@ LOAD_COLUMNS = (
     ("prompt_tokens", "upstream prompt tok", "{:,}"),
     ("vllm_preemptions", "preemptions", "{:.0f}"),
 )
-ROUTING_COLUMNS = (("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"), *LOAD_COLUMNS)
+ROUTING_COLUMNS = (
+    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
+    *LOAD_COLUMNS,
+    ("session_time_mean_s", "session time mean s", "{:.1f}"),
+    ("admission_wait_max_s", "longest admission wait ≤ s", "{:.3f}"),
+)
 STRATEGY_COLUMNS = (
     *LOAD_COLUMNS,
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
@@ -68,23 +78,40 @@ def sticky_cost_verdict(group: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
+def _peers_of(rows: Sequence[dict[str, Any]], like: dict[str, Any]) -> list[dict[str, Any]]:
+    """The peer arms' cells (vllm-router, straight round-robin) run with the same users,
+    pool, think time and load as ``like``."""
+    keys = ("users", "kv_cache_bytes", "think_time", "load")
+    return [r for r in rows if r["arm"] != "gateway" and all(r.get(k) == like.get(k) for k in keys)]
+
+
+def answers(
+    rows: Sequence[dict[str, Any]],
+    runs: Sequence[dict[str, Any]] = (),
+    default_variant: str = "",
+    ttft_p95_bound_ms: float | None = None,
+) -> list[str]:
+    """``rows``: one per cell (``report_tables.aggregate``); ``runs``: one per cell and run,
+    for the run-to-run spread the tie rule reads (default: ``rows``)."""
+    runs = runs or rows
     out = ["## Answers", ""]
     # 1. routing, same strategy and pool, fixed work
     out.append("### 1. Prefix-cache hit rate by routing (2 replicas)")
     routed = [r for r in rows if r["arm"] == "gateway" and r["load"] == "sessions"]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in routed:
-        key = (r["strategy"], r["users"], r["kv_cache_bytes"], r["server"])
+        key = (r["strategy"], r["users"], r["kv_cache_bytes"], r["server"], r.get("think_time"))
         groups.setdefault(key, []).append(r)
     measured = False
-    for (strategy, users, kv, _), group in groups.items():
-        if len({r["routing"] for r in group}) > 1:
+    for (strategy, users, kv, _, think), group in groups.items():
+        peers = _peers_of(rows, group[0])
+        if len({r["routing"] for r in group}) > 1 or peers:
             measured = True
             out += [
-                f"{strategy}, {users} sessions, KV pool {kv / 2**20:.0f} MiB per replica:",
+                f"{strategy}, {users} sessions, KV pool {kv / 2**20:.0f} MiB per replica, "
+                f"think time `{think or '0'}`:",
                 "",
-                table(group, ROUTING_COLUMNS),
+                table(group + peers, ROUTING_COLUMNS),
                 "",
             ]
             verdict = sticky_cost_verdict(group)
@@ -106,14 +133,14 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
             out += [
                 f"{users} sessions, KV pool {kv / 2**20:.0f} MiB per replica:",
                 "",
-                table(base + others, STRATEGY_COLUMNS),
+                table(base + others + _peers_of(rows, base[0]), STRATEGY_COLUMNS),
                 "",
             ]
     if not measured:
         out.append("- not measured in this profile (needs base and another strategy, sticky)")
     out.append("")
     # 3. step load: foldgate vs no gateway
-    out.append("### 3. foldgate (sticky, default strategy) vs no gateway, step load")
+    out.append("### 3. foldgate vs the peer arms (vllm-router, no gateway), step load")
     stepped = [r for r in rows if r["load"] == "steps"]
     for r in stepped:
         k = r.get("knee")
@@ -129,4 +156,126 @@ def answers(rows: Sequence[dict[str, Any]]) -> list[str]:
     out.append("")
     for r in stepped:
         out += [f"Stages of {r['cell']}:", "", stage_table(r.get("stages", [])), ""]
+    out += against_best_peer(rows, runs, default_variant)
+    if stepped and ttft_p95_bound_ms is not None:
+        out += capacity_answer(stepped, runs, ttft_p95_bound_ms)
+    return out
+
+
+# (figure, heading, format, higher is better) compared between foldgate's default and the
+# best vllm-router policy: fixed-work cells, then step loads.
+VERSUS_SESSIONS = (
+    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}", True),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}", False),
+    ("ttft_p95_ms", "TTFT p95 ms", "{:.0f}", False),
+    ("session_steps_per_min", "steps/min", "{:.1f}", True),
+    ("session_time_mean_s", "session time mean s", "{:.1f}", False),
+)
+VERSUS_STEPS = (
+    ("knee_steps_per_min", "steps/min at the knee", "{:.1f}", True),
+    ("capacity_users", "capacity (sessions)", "{:.1f}", True),
+    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}", True),
+)
+
+
+def is_default(row: dict[str, Any], default_variant: str = "") -> bool:
+    """The cell runs foldgate as shipped: GatewayConfig's default strategy and policy (and
+    the profile's ``default_variant``, e.g. its KV mechanisms switched on)."""
+    config = GatewayConfig()
+    return (
+        row["arm"] == "gateway"
+        and row["strategy"] == config.strategy
+        and row["routing"] == config.policy
+        and (row.get("variant") or "") == default_variant
+    )
+
+
+def _per_run(runs: Sequence[dict[str, Any]], cell: str, key: str) -> list[float]:
+    values = []
+    for r in runs:
+        if r["cell"] != cell:
+            continue
+        value = (
+            r["knee"]["session_steps_per_min"]
+            if key == "knee_steps_per_min" and r.get("knee")
+            else r.get(key)
+        )
+        if isinstance(value, int | float):
+            values.append(float(value))
+    return values
+
+
+def verdict(ours: list[float], theirs: list[float], higher_better: bool) -> str:
+    """The simulator comparison's tie rule (``offline.sim.ordering``): ordered only when the
+    means differ by more than either side's run-to-run spread (max - min)."""
+    if not ours or not theirs:
+        return "not measured"
+    difference = statistics.fmean(ours) - statistics.fmean(theirs)
+    if abs(difference) <= max(spread(ours), spread(theirs)):
+        return "tie (within the runs' spread)"
+    ahead = difference > 0 if higher_better else difference < 0
+    one_run = " (one run each: no spread known)" if len(ours) == len(theirs) == 1 else ""
+    return ("foldgate ahead" if ahead else "vllm-router ahead") + one_run
+
+
+def against_best_peer(
+    rows: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], default_variant: str
+) -> list[str]:
+    """Per pool, think time and load: foldgate's default against the vllm-router policy
+    best on each figure."""
+    out = ["### 4. foldgate's default vs the best vllm-router policy", ""]
+    defaults = [r for r in rows if is_default(r, default_variant)]
+    measured = False
+    for ours in defaults:
+        peers = [r for r in _peers_of(rows, ours) if r["arm"] == "vllm_router"]
+        if not peers:
+            continue
+        measured = True
+        figures = VERSUS_STEPS if ours["load"] == "steps" else VERSUS_SESSIONS
+        who = "step load" if ours["load"] == "steps" else f"{ours['users']} sessions"
+        out += [
+            f"{who}, KV pool {ours['kv_cache_bytes'] / 2**20:.0f} MiB per replica, think time "
+            f"`{ours.get('think_time') or '0'}` ({arm_label(ours)}, {ours.get('runs', 1)} "
+            "run(s) per cell):",
+            "",
+            "| figure | foldgate default | best vllm-router | policy | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for key, heading, pattern, higher in figures:
+            measured_peers = [p for p in peers if isinstance(p.get(key), int | float)]
+            if not isinstance(ours.get(key), int | float) or not measured_peers:
+                continue
+            pick = max if higher else min
+            best = pick(measured_peers, key=lambda p, key=key: p[key])
+            said = verdict(
+                _per_run(runs, ours["cell"], key), _per_run(runs, best["cell"], key), higher
+            )
+            out.append(
+                f"| {heading} | {fmt(ours[key], pattern)} | {fmt(best[key], pattern)} | "
+                f"{best['router_policy']} | {said} |"
+            )
+        out.append("")
+    if not measured:
+        out += ["- not measured in this profile (needs foldgate's default and vllm-router)", ""]
+    return out
+
+
+def capacity_answer(
+    stepped: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], bound_ms: float
+) -> list[str]:
+    out = [
+        f"### 5. Capacity: most concurrent sessions served with client TTFT p95 under "
+        f"{bound_ms:.0f} ms (no failures), per step-load arm",
+        "",
+        "| cell | arm | sessions served (per run) | longest admission wait ≤ s |",
+        "|---|---|---|---|",
+    ]
+    for r in stepped:
+        per_run = _per_run(runs, r["cell"], "capacity_users")
+        out.append(
+            f"| {r['cell']} | {arm_label(r)} | "
+            f"{', '.join(f'{v:.0f}' for v in per_run) or '–'} | "
+            f"{fmt(r.get('admission_wait_max_s'), '{:.3f}')} |"
+        )
+    out.append("")
     return out

@@ -24,12 +24,16 @@ BAR_PLOTS = (
 )
 
 
+# foldgate green, vllm-router blue, the straight round-robin grey.
+ARM_COLORS = {"gateway": "#2a6", "vllm_router": "#36c", "no_gateway": "#888"}
+
+
 def plot_bars(rows: Sequence[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(len(BAR_PLOTS) // 2, 2, figsize=(14, 3.2 * len(BAR_PLOTS) // 2))
     names = [r["cell"] for r in rows]
     for ax, (key, title) in zip(axes.flat, BAR_PLOTS, strict=True):
         values = [r.get(key) or 0 for r in rows]
-        ax.barh(names, values, color=["#888" if r["arm"] == "no_gateway" else "#2a6" for r in rows])
+        ax.barh(names, values, color=[ARM_COLORS.get(r["arm"], "#2a6") for r in rows])
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="y", labelsize=7)
         ax.invert_yaxis()

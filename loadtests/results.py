@@ -47,6 +47,8 @@ METRICS = (
     "vllm_kv_usage_max",
     "vllm_waiting_mean",
     "vllm_waiting_max",
+    "session_time_mean_s",
+    "session_time_p95_s",
 )
 # Filled for gateway cells only (the no-gateway arm has no gateway headers).
 GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens")
@@ -54,6 +56,31 @@ GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens")
 
 def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def session_times(requests: Sequence[dict[str, Any]]) -> list[float]:
+    """Seconds from each session's first request to its last reply's end, for the sessions
+    whose every logged request streamed to the end (a failed one did not complete)."""
+    spans: dict[str, list[float]] = {}
+    failed = {r["session"] for r in requests if not r["ok"]}
+    for r in requests:
+        if r["session"] not in failed:
+            span = spans.setdefault(r["session"], [r["start"], r["end"]])
+            span[0], span[1] = min(span[0], r["start"]), max(span[1], r["end"])
+    return [end - start for start, end in spans.values()]
+
+
+def capacity(stage_rows: Sequence[dict[str, Any]], ttft_p95_bound_ms: float) -> int:
+    """The most concurrent sessions a step load served with client TTFT p95 under the bound
+    and no failed request: the users of the last stage before the first that broke it
+    (0 when the first stage already did)."""
+    served = 0
+    for stage in stage_rows:
+        p95 = stage.get("ttft_p95_ms")
+        if p95 is None or p95 > ttft_p95_bound_ms or stage.get("failed"):
+            break
+        served = stage["users"]
+    return served
 
 
 def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -67,6 +94,7 @@ def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dic
     vllm_ttft = window.histogram(TTFT)
     kv = [v for _, values in window.gauge_series(KV_USAGE) for v in values]
     waiting = [sum(values) for _, values in window.gauge_series(WAITING)]
+    sessions = session_times(requests) if cell.load == "sessions" else []
     row: dict[str, Any] = {
         **cell.to_json(),
         "requests_ok": len(ok),
@@ -90,6 +118,8 @@ def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dic
         "vllm_kv_usage_max": max(kv, default=None),
         "vllm_waiting_mean": _mean(waiting),
         "vllm_waiting_max": max(waiting, default=None),
+        "session_time_mean_s": _mean(sessions),
+        "session_time_p95_s": percentile(sessions, 0.95),
         "raw_prompt_tokens": None,
         "rendered_prompt_tokens": None,
     }

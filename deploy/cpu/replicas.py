@@ -40,8 +40,11 @@ from deploy.cpu.vllm_server import (
     DEFAULT_PYTHON,
     HOST,
     INSTALL_HINT,
+    KV_EVENTS_ENV,
+    KV_EVENTS_PORT_OFFSET,
     ROOT,
     is_ready,
+    kv_events_args,
     log_tail,
     parse_bytes,
     server_command,
@@ -174,7 +177,9 @@ class ReplicaSet:
         self._procs.clear()
 
 
-def _check_inputs(n: int, ports: Sequence[int], python: Path, model_dir: Path) -> None:
+def _check_inputs(
+    n: int, ports: Sequence[int], python: Path, model_dir: Path, kv_events: bool = False
+) -> None:
     if n < 1:
         raise ValueError(f"need at least one replica, got n={n}")
     if len(ports) != n or len(set(ports)) != n:
@@ -183,7 +188,8 @@ def _check_inputs(n: int, ports: Sequence[int], python: Path, model_dir: Path) -
         raise ReplicaError(f"no vLLM Python at {python}: {INSTALL_HINT}")
     if not (model_dir / "config.json").is_file():
         raise ReplicaError(f"no model at {model_dir} (config.json missing): {INSTALL_HINT}")
-    busy = [p for p in ports if _port_in_use(p)]
+    wanted = [*ports, *(p + KV_EVENTS_PORT_OFFSET for p in ports if kv_events)]
+    busy = [p for p in wanted if _port_in_use(p)]
     if busy:
         raise ReplicaError(f"ports already in use: {busy}")
 
@@ -204,15 +210,17 @@ def start_replicas(
     ready_timeout_s: float = 300.0,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    kv_events: bool = False,
 ) -> ReplicaSet:
     """Start ``n`` replicas (ports ``base_port..`` unless ``ports``), one core each, and wait
     until all answer ``/health`` and ``/v1/models``. ``extra_env`` adds variables to each
-    server's environment (e.g. ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``). On
-    failure every one is stopped and a ``ReplicaError`` carries the failing replica's log
-    tail."""
+    server's environment (e.g. ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``).
+    ``kv_events``: each publishes its KV events on its port + ``KV_EVENTS_PORT_OFFSET``
+    (``vllm_server.kv_events_args``). On failure every one is stopped and a
+    ``ReplicaError`` carries the failing replica's log tail."""
     ports = list(ports) if ports is not None else [base_port + i for i in range(n)]
     model_dir = model_dir.resolve()
-    _check_inputs(n, ports, python, model_dir)
+    _check_inputs(n, ports, python, model_dir, kv_events)
     kv_bytes = parse_bytes(kv_cache_bytes)
     cores = list(cores) if cores is not None else available_cores()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -222,17 +230,19 @@ def start_replicas(
             core = cores[i % len(cores)]
             tmpdir = Path(tempfile.mkdtemp(prefix=f"foldgate-vllm-{port}-"))
             log_path = log_dir / f"vllm-{port}.log"
+            events = kv_events_args(port) if kv_events else []
             cmd = server_command(
                 python, model_dir, served_name, port, kv_bytes, max_model_len, block_size,
-                extra_args,
+                [*extra_args, *events],
             )  # fmt: skip
+            env = {**server_env(core, tmpdir), **(KV_EVENTS_ENV if kv_events else {})}
             with log_path.open("wb") as log:
                 proc = subprocess.Popen(
                     cmd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**server_env(core, tmpdir), **(extra_env or {})},
+                    env={**env, **(extra_env or {})},
                     cwd=tmpdir,
                     # Own process group: stop() can kill the engine children with the server.
                     start_new_session=True,

@@ -26,6 +26,17 @@ DEFAULT_KV_CACHE_BYTES = 256 * 2**20
 # block size for 16 (CPU_ATTN: [MultipleOf(32)])"); the default of 128 gives coarser prefix hits.
 DEFAULT_BLOCK_SIZE = 32
 HOST = "127.0.0.1"
+# vLLM's KV events (``--kv-events-config``, a ZMQ PUB socket): a replica serving HTTP on port P
+# publishes on P + this offset, the convention its subscribers (vllm-router's kv_aware, the
+# gateway's KV mechanisms) find it by. vLLM 0.32 binds the PUB socket only for a wildcard
+# host (``tcp://*:P``; ``tcp://127.0.0.1:P`` would make it connect) and the subscribers
+# connect, so the replica binds on every interface: keep that port off public networks.
+KV_EVENTS_PORT_OFFSET = 1000
+KV_EVENTS_TOPIC = "kv"
+# What lets a subscriber recompute vLLM's block hashes from token ids (vllm-router's
+# kv_aware does): a fixed hash seed, a named algorithm, and full hash bytes in the events.
+KV_EVENTS_ENV = {"PYTHONHASHSEED": "0", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}
+KV_EVENTS_HASH_ALGO = "sha256_cbor"
 # Environment variables that would make the vLLM venv import the gateway's packages.
 _SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 _STRUCTURED_OUTPUTS = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
@@ -96,6 +107,26 @@ def server_command(
         "--structured-outputs-config", _STRUCTURED_OUTPUTS,
         *extra_args,
     ]  # fmt: skip
+
+
+def kv_events_args(port: int) -> list[str]:
+    """Flags that make the replica on HTTP ``port`` publish its KV events."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port + KV_EVENTS_PORT_OFFSET}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+    return [
+        "--kv-events-config", json.dumps(config),
+        "--prefix-caching-hash-algo", KV_EVENTS_HASH_ALGO,
+    ]  # fmt: skip
+
+
+def kv_events_endpoint(url: str) -> str:
+    """Where a subscriber connects for the replica at ``url`` (``http://host:port``)."""
+    host, port = url.removeprefix("http://").rstrip("/").rsplit(":", 1)
+    return f"tcp://{host}:{int(port) + KV_EVENTS_PORT_OFFSET}"
 
 
 def server_env(core: int, tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
