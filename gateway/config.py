@@ -26,11 +26,12 @@ class GatewayConfig:
     """Base URLs of the vLLM replicas (``http://host:port``)."""
     replica_dns: str | None = None
     """``host:port`` of a headless service whose A records are the replicas."""
-    policy: str = "sticky"
-    """How sessions are routed to replicas: ``sticky`` (the session -> replica map lives in
-    the store; a session moves when its replica's load exceeds the least loaded one's by
-    ``rehome_margin``), ``sticky_cost`` (prices a move against re-prefilling the cached
-    prefix), ``round_robin`` or ``least_loaded``. A tenant's ``policy`` overrides it."""
+    policy: str = "sticky_cost"
+    """How sessions are routed to replicas: ``sticky_cost`` (the session -> replica map lives
+    in the store; a session moves only when queueing on its replica costs more than
+    re-prefilling its cached prefix elsewhere), ``sticky`` (moves when its replica's load
+    exceeds the least loaded one's by ``rehome_margin``), ``round_robin`` or
+    ``least_loaded``. A tenant's ``policy`` overrides it."""
     strategy: str = "refold"
     """Default context strategy: ``base``, ``refold``, ``cliff``, ``mask``, ``clip`` or a
     composition such as ``refold+cliff``; a tenant's ``strategy`` and the

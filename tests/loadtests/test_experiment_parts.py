@@ -72,7 +72,7 @@ def test_shipped_profiles_expand_to_their_cells_grouped_by_pool() -> None:
         "base_sticky-cost_u5_kv8M",
         "base_round-robin_u5_kv8M",
         "base_least-loaded_u5_kv8M",
-        "refold_sticky_steps_kv8M",
+        "refold_sticky-cost_steps_kv8M",
         "no-gateway_rr_steps_kv8M",
         "base_sticky_u5_kv4M",
         "refold_sticky_u5_kv4M",
@@ -109,7 +109,7 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
         load_profile("nope")
     bad = tmp_path / "bad.toml"
     text = DEFAULT_CONFIG.read_text().replace(
-        'routing = "sticky"\nserver', 'routing = "random"\nserver'
+        'routing = "sticky_cost"\nserver', 'routing = "random"\nserver'
     )
     bad.write_text(text)
     with pytest.raises(PlanError, match="routing must be one of"):

@@ -81,8 +81,11 @@ def test_a_profile_names_router_cells_variants_and_think_times(tmp_path: Path) -
         "vllm_router", "kv_aware", "-", ()
     )  # fmt: skip
     assert profile.settings.runs == 2 and profile.settings.kv_events
-    # this branch's GatewayConfig has none of the kv branch's switches: named before a run
-    assert "refold_sticky_on_u2_kv8M: upstream_priority" in unknown_overrides(profile)
+    # every override names a GatewayConfig field; one that does not is named before a run
+    assert unknown_overrides(profile) == []
+    misspelt = PROFILE.replace("admission_max_wait_s", "admission_max_wait")
+    unknown = unknown_overrides(load_profile("p", write(tmp_path, misspelt)))
+    assert "refold_sticky_on_u2_kv8M: admission_max_wait" in unknown
     # every run of the pool, the order reversed on the second
     order = [(run, c.name) for run, c in run_order(profile)]
     assert order[:6] == [(1, c.name) for c in profile.cells]
@@ -182,7 +185,7 @@ def test_vllm_router_starts_in_front_of_the_fake_upstream_routes_and_stops(
 
 def row(cell: str, arm: str, run: int, **figures: Any) -> dict[str, Any]:
     base = {
-        "cell": cell, "arm": arm, "run": run, "strategy": "refold", "routing": "sticky",
+        "cell": cell, "arm": arm, "run": run, "strategy": "refold", "routing": "sticky_cost",
         "router_policy": "-", "variant": "", "users": 4, "kv_cache_bytes": 6 * 2**20,
         "server": "uvicorn", "load": "sessions", "think_time": "0",
     }  # fmt: skip
@@ -194,8 +197,8 @@ def row(cell: str, arm: str, run: int, **figures: Any) -> dict[str, Any]:
 
 def test_the_report_puts_peer_rows_beside_foldgates_and_applies_the_tie_rule() -> None:
     runs = [
-        row("refold_sticky_u4_kv6M", "gateway", 1, vllm_prefix_hit_rate=0.80, ttft_p50_ms=300.0),
-        row("refold_sticky_u4_kv6M", "gateway", 2, vllm_prefix_hit_rate=0.78, ttft_p50_ms=340.0),
+        row("refold_sticky-cost_u4_kv6M", "gateway", 1, vllm_prefix_hit_rate=0.80, ttft_p50_ms=300.0),
+        row("refold_sticky-cost_u4_kv6M", "gateway", 2, vllm_prefix_hit_rate=0.78, ttft_p50_ms=340.0),
         row("vllm-router_cache-aware_u4_kv6M", "vllm_router", 1,
             vllm_prefix_hit_rate=0.60, ttft_p50_ms=320.0),
         row("vllm-router_cache-aware_u4_kv6M", "vllm_router", 2,
@@ -219,7 +222,7 @@ def test_the_report_puts_peer_rows_beside_foldgates_and_applies_the_tie_rule() -
     # TTFT p50: best peer cache_aware (325 ms) against 320 ms, within foldgate's 40 ms spread
     assert "| TTFT p50 ms | 320 | 325 | cache_aware | tie (within the runs' spread) |" in text
     assert verdict([1.0], [2.0], higher_better=True).startswith("vllm-router ahead")
-    assert "| refold_sticky_u4_kv6M | foldgate sticky (refold) |" in table(rows, ())
+    assert "| refold_sticky-cost_u4_kv6M | foldgate sticky_cost (refold) |" in table(rows, ())
 
 
 def test_session_times_capacity_and_the_longest_admission_wait() -> None:
