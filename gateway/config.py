@@ -95,6 +95,12 @@ class GatewayConfig:
     (``foldgate serve``); one more closes that peer's oldest. A client's connections pass
     this phase within a round trip, so even a busy host (or a proxy in front of the
     gateway) has a few in it at once."""
+    header_connections_total: int = 512
+    """Connections all peers together may have still sending their headers
+    (``foldgate serve``); one more closes the oldest of them, so slow connections from many
+    addresses cannot take every file descriptor of the process. A complete request passes
+    this phase within a round trip: only a burst of this many new connections within one
+    could push it out."""
     body_timeout_s: float = 60.0
     """Seconds a client has to send a request's body."""
     keep_alive_s: float = 30.0
@@ -186,6 +192,7 @@ def _from_env(name: str, raw: str) -> Any:
         "max_attempts",
         "max_concurrency",
         "header_connections_per_client",
+        "header_connections_total",
         "max_messages",
         "breaker_failures",
     }:

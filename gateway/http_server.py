@@ -14,7 +14,11 @@ timeout held them. Here a connection takes a share of the gateway only for what 
   and each peer address keeps at most ``header_connections_per_client`` of them
   (``HeaderPhase``): one more closes that peer's oldest, so a client flooding slow
   connections cannot lock its own complete requests out either (theirs pass the phase
-  within a round trip).
+  within a round trip). All peers together keep at most ``header_connections_total``:
+  one more closes the oldest of all, so slow connections from many addresses cannot take
+  every file descriptor of the process either (then no connection at all was accepted,
+  authenticated or not), while a complete request's connection, younger than the slow
+  ones, passes the phase long before it would be the oldest.
 - Idle keep-alive connections close after ``keep_alive_s`` (uvicorn's own timer).
 
 The body's own read timeout is the app's (``GatewayConfig.body_timeout_s``); an
@@ -79,36 +83,52 @@ class RequestLimit:
 
 
 class HeaderPhase:
-    """Connections still sending a request's headers, per peer address, at most
-    ``per_client`` each: ``enter`` returns the close callbacks of the ones it pushes out
-    (that peer's oldest)."""
+    """Connections still sending a request's headers, at most ``per_client`` per peer
+    address and ``total`` of all peers: ``enter`` returns the close callbacks of the ones
+    it pushes out (that peer's oldest, then the oldest of all)."""
 
-    def __init__(self, per_client: int) -> None:
+    def __init__(self, per_client: int, total: int) -> None:
         if per_client < 1:
             raise ValueError(f"header_connections_per_client must be >= 1, got {per_client}")
+        if total < 1:
+            raise ValueError(f"header_connections_total must be >= 1, got {total}")
         self.per_client = per_client
+        self.total = total
         # peer -> its connections in the phase (insertion order: oldest first) -> close
         self._by_client: dict[str, dict[object, Callable[[], None]]] = {}
+        # every connection in the phase, oldest first -> its peer
+        self._all: dict[object, str] = {}
 
     def enter(
         self, client: str, connection: object, close: Callable[[], None]
     ) -> list[Callable[[], None]]:
         waiting = self._by_client.setdefault(client, {})
         waiting[connection] = close
+        self._all[connection] = client
         pushed_out = []
         while len(waiting) > self.per_client:
             oldest = next(iter(waiting))
             pushed_out.append(waiting.pop(oldest))
+            del self._all[oldest]
+        while len(self._all) > self.total:
+            oldest = next(iter(self._all))
+            peer = self._all.pop(oldest)
+            pushed_out.append(self._by_client[peer].pop(oldest))
+            if not self._by_client[peer]:
+                del self._by_client[peer]
         return pushed_out
 
     def leave(self, client: str, connection: object) -> None:
-        waiting = self._by_client.get(client)
-        if waiting is not None and waiting.pop(connection, None) is not None and not waiting:
+        if self._all.pop(connection, None) is None:  # pushed out before, or never in
+            return
+        waiting = self._by_client[client]
+        del waiting[connection]
+        if not waiting:
             del self._by_client[client]
 
-    def waiting(self, client: str) -> int:
-        """Connections of ``client`` in the phase now."""
-        return len(self._by_client.get(client, ()))
+    def waiting(self, client: str | None = None) -> int:
+        """Connections of ``client`` (None: of all peers) in the phase now."""
+        return len(self._all) if client is None else len(self._by_client.get(client, ()))
 
 
 def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpToolsProtocol]:
@@ -156,7 +176,7 @@ def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpTo
 
 
 def uvicorn_config(app: ASGIApp, config: GatewayConfig, host: str, port: int) -> uvicorn.Config:
-    phase = HeaderPhase(config.header_connections_per_client)
+    phase = HeaderPhase(config.header_connections_per_client, config.header_connections_total)
     return uvicorn.Config(
         RequestLimit(app, config.max_concurrency),
         host=host,
