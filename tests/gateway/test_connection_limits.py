@@ -253,3 +253,69 @@ async def test_slow_connections_from_many_peers_cannot_take_every_file_descripto
         for w in writers:
             w.close()
         await fake.stop()
+
+
+def test_idle_connections_count_toward_the_total_only() -> None:
+    phase = HeaderPhase(per_client=1, total=3)
+    closed: list[str] = []
+
+    def push(pushed_out: list) -> None:
+        for close in pushed_out:
+            close()
+
+    for name in ("a1", "a2", "a3"):  # kept alive after their requests: all one peer's
+        push(phase.idle("10.0.0.1", name, lambda name=name: closed.append(name)))
+    assert closed == [] and phase.waiting() == 3 and phase.waiting("10.0.0.1") == 0
+    push(phase.enter("10.0.0.2", "b1", lambda: closed.append("b1")))
+    assert closed == ["a1"]  # the oldest of all, idle or not
+    # An idle connection's next request: sending its headers now, within its peer's bound.
+    push(phase.enter("10.0.0.1", "a2", lambda: closed.append("a2")))
+    assert closed == ["a1"] and phase.waiting("10.0.0.1") == 1 and phase.waiting() == 3
+    phase.leave("10.0.0.1", "a2")
+    assert phase.waiting() == 2
+
+
+async def open_idle(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that sends one complete request, reads its answer, and then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return reader, writer
+
+
+async def test_idle_connections_cannot_take_every_file_descriptor(tmp_path: Path) -> None:
+    """Connections kept alive after a request and then left idle (one address: no peer
+    bound applies to them) are closed oldest first past the total, as the slow ones are."""
+    fake = await FakeUpstream().start()
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        gateway = config(fake, tmp_path, header_connections_total=TOTAL, keep_alive_s=120.0)
+        async with (
+            gateway_process(gateway, tmp_path) as (url, proc),
+            httpx.AsyncClient(timeout=PROMPT_S) as client,
+        ):
+            in_use = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (in_use + 3 * TOTAL, hard))
+            idle = [await open_idle(url) for _ in range(PEERS * PER_CLIENT)]
+            writers = [w for _, w in idle]
+            for step in range(3):
+                resp = await client.post(
+                    f"{url}/v1/chat/completions", json=chat(f"step {step}"), headers=HEADERS
+                )
+                assert resp.status_code == 200, resp.text
+            closed = await closed_by_server([r for r, _ in idle], len(idle) - TOTAL)
+            assert closed >= len(idle) - TOTAL
+            assert proc.poll() is None
+    finally:
+        for w in writers:
+            w.close()
+        await fake.stop()
