@@ -96,6 +96,12 @@ class GatewayConfig:
     (``foldgate serve``); one more closes that peer's oldest. A client's connections pass
     this phase within a round trip, so even a busy host (or a proxy in front of the
     gateway) has a few in it at once."""
+    header_connections_total: int = 512
+    """Connections all peers together may have waiting for a request's headers
+    (``foldgate serve``): still sending them, or idle between two requests. One more closes
+    the oldest of them, so slow or idle connections from many addresses cannot take every
+    file descriptor of the process. A complete request passes this phase within a round
+    trip: only a burst of this many new connections within one could push it out."""
     body_timeout_s: float = 60.0
     """Seconds a client has to send a request's body."""
     keep_alive_s: float = 30.0
@@ -104,7 +110,8 @@ class GatewayConfig:
     """Requests one gateway process serves at once (``foldgate serve``); more get a 503 in
     the endpoint's error shape with ``retry-after``. Connections still sending their
     headers or idle between requests do not count (``header_timeout_s``,
-    ``header_connections_per_client``, ``keep_alive_s`` bound them)."""
+    ``header_connections_per_client``, ``header_connections_total``, ``keep_alive_s`` bound
+    them)."""
     lease_period_s: float = 30.0
     """Seconds a request's slot among its tenant's ``concurrent_requests`` outlives the
     gateway process that holds it: each process renews its requests' leases every third of
@@ -217,6 +224,7 @@ def _from_env(name: str, raw: str) -> Any:
         "max_attempts",
         "max_concurrency",
         "header_connections_per_client",
+        "header_connections_total",
         "max_messages",
         "breaker_failures",
         "kv_pool_tokens",

@@ -28,7 +28,9 @@ the rendered messages, the unit the cliff counts in:
   last reply gives it: the next prompt is that one plus a little, and a prompt's fixed
   overhead (chat template, tool preamble) inflates the ratio of the small early prompts,
   which a running maximum would keep. Before a session's first reply: the largest ratio
-  among recent replies (on the safe side), else ``PRIOR_RATIO``.
+  among the tenant's recent replies (on the safe side), else ``PRIOR_RATIO``. Only the
+  tenant's own: another tenant's traffic must not move its thresholds, nor learn from them
+  what that traffic is (a side channel).
 - ``MARGIN``: one new tool output of dense text (JSON, base64, CJK: 2-3 bytes per token
   against ~4) can raise a prompt's ratio by several percent between two replies.
 
@@ -66,7 +68,8 @@ PRIOR_RATIO = 1.5
 MARGIN = 0.10
 RATIO_STEP = 1 / 32
 GUARDED_SESSIONS = 4096
-RECENT_RATIOS = 64
+RECENT_RATIOS = 64  # per tenant
+RECENT_TENANTS = 1024  # tenants whose recent ratios are kept, least recently observed out
 
 GetJson = Callable[[str], Any]
 
@@ -155,7 +158,7 @@ class ContextGuard:
         self._windows: dict[str, int | None] = {}
         self._learning = asyncio.Lock()
         self._sessions: OrderedDict[Hashable, _Session] = OrderedDict()
-        self._recent: deque[float] = deque(maxlen=RECENT_RATIOS)
+        self._recent: OrderedDict[str, deque[float]] = OrderedDict()
 
     # -- the window ---------------------------------------------------------------------
 
@@ -203,7 +206,9 @@ class ContextGuard:
         if digest != session.tools_digest:
             session.tools_digest, session.tools = digest, tools_estimate(transcript)
         tools = session.tools
-        ratio = session.ratio or rounded_ratio(max(self._recent, default=PRIOR_RATIO))
+        tenant, _ = key
+        recent = self._recent.get(tenant, ())
+        ratio = session.ratio or rounded_ratio(max(recent, default=PRIOR_RATIO))
         reply = reply_room(window, transcript.params.get("max_tokens"))
         if session.threshold is None or not session.compacted:
             session.threshold, session.reply = threshold(window, reply, ratio, tools), reply
@@ -212,10 +217,9 @@ class ContextGuard:
             session.threshold = min(
                 session.threshold, threshold(window, session.reply, ratio, tools)
             )
-        tenant, _ = key
         return self.renderers.bounded(tenant, strategy, fold, session.threshold)
 
-    def rendered(self, key: Hashable, tokens: int, compacted: bool) -> None:
+    def rendered(self, key: tuple[str, Hashable], tokens: int, compacted: bool) -> None:
         """What was sent for session ``key``: its message estimate, and whether its
         rendering holds a compaction."""
         session = self._sessions.get(key)
@@ -224,28 +228,38 @@ class ContextGuard:
         session.sent = tokens + session.tools
         session.compacted = session.compacted or compacted
 
-    def observe(self, key: Hashable, usage: Mapping[str, Any]) -> None:
+    def observe(self, key: tuple[str, Hashable], usage: Mapping[str, Any]) -> None:
         """A reply's ``usage`` for what ``rendered`` last recorded of session ``key``."""
         session = self._sessions.get(key)
         prompt = usage.get("prompt_tokens")
         if session is None or not session.sent or not isinstance(prompt, int) or prompt <= 0:
             return
         ratio = prompt / session.sent
-        self._recent.append(ratio)
+        self._recent_of(key[0]).append(ratio)
         held = session.ratio
         if held is None or ratio > held or ratio < held - 2 * RATIO_STEP:
             session.ratio = rounded_ratio(ratio)
 
-    def prompt_ratio(self, key: Hashable) -> float | None:
+    def prompt_ratio(self, key: tuple[str, Hashable]) -> float | None:
         """The replicas' prompt tokens per estimated token for session ``key`` (its own
-        calibration, else the latest reply's), for counts that must be in the model's
-        tokens; None before any reply was observed."""
+        calibration, else its tenant's latest reply's), for counts that must be in the
+        model's tokens; None before any reply of the tenant was observed."""
         session = self._sessions.get(key)
         if session is not None and session.ratio is not None:
             return session.ratio
-        return self._recent[-1] if self._recent else None
+        recent = self._recent.get(key[0])
+        return recent[-1] if recent else None
 
-    def _session(self, key: Hashable) -> _Session:
+    def _recent_of(self, tenant: str) -> deque[float]:
+        recent = self._recent.get(tenant)
+        if recent is None:
+            recent = self._recent[tenant] = deque(maxlen=RECENT_RATIOS)
+        self._recent.move_to_end(tenant)
+        while len(self._recent) > RECENT_TENANTS:
+            self._recent.popitem(last=False)
+        return recent
+
+    def _session(self, key: tuple[str, Hashable]) -> _Session:
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _Session()

@@ -14,8 +14,14 @@ timeout held them. Here a connection takes a share of the gateway only for what 
   and each peer address keeps at most ``header_connections_per_client`` of them
   (``HeaderPhase``): one more closes that peer's oldest, so a client flooding slow
   connections cannot lock its own complete requests out either (theirs pass the phase
-  within a round trip).
-- Idle keep-alive connections close after ``keep_alive_s`` (uvicorn's own timer).
+  within a round trip). All peers together keep at most ``header_connections_total``
+  connections waiting for a request's headers, idle keep-alive ones included: one more
+  closes the oldest of all, so slow or idle connections from many addresses cannot take
+  every file descriptor of the process either (then no connection at all was accepted,
+  authenticated or not), while a complete request's connection, younger than the slow
+  ones, passes the phase long before it would be the oldest.
+- Idle keep-alive connections close after ``keep_alive_s`` (uvicorn's own timer), or
+  earlier when the oldest of all connections waiting must go.
 
 The body's own read timeout is the app's (``GatewayConfig.body_timeout_s``); an
 unauthenticated request is answered before its body is read.
@@ -79,41 +85,70 @@ class RequestLimit:
 
 
 class HeaderPhase:
-    """Connections still sending a request's headers, per peer address, at most
-    ``per_client`` each: ``enter`` returns the close callbacks of the ones it pushes out
-    (that peer's oldest)."""
+    """Connections waiting for a request's headers: still sending them (``enter``), at most
+    ``per_client`` per peer address, or idle between two requests (``idle``); at most
+    ``total`` of both, of all peers. Each returns the close callbacks of the connections it
+    pushes out: that peer's oldest still sending, then the oldest of all."""
 
-    def __init__(self, per_client: int) -> None:
+    def __init__(self, per_client: int, total: int) -> None:
         if per_client < 1:
             raise ValueError(f"header_connections_per_client must be >= 1, got {per_client}")
+        if total < 1:
+            raise ValueError(f"header_connections_total must be >= 1, got {total}")
         self.per_client = per_client
-        # peer -> its connections in the phase (insertion order: oldest first) -> close
-        self._by_client: dict[str, dict[object, Callable[[], None]]] = {}
+        self.total = total
+        # every connection waiting, oldest first -> (its peer, its close, still sending?)
+        self._all: dict[object, tuple[str, Callable[[], None], bool]] = {}
+        # peer -> its connections still sending headers, oldest first
+        self._sending: dict[str, dict[object, None]] = {}
 
     def enter(
         self, client: str, connection: object, close: Callable[[], None]
     ) -> list[Callable[[], None]]:
-        waiting = self._by_client.setdefault(client, {})
-        waiting[connection] = close
+        """``connection`` started sending a request's headers."""
+        self.leave(client, connection)
+        self._all[connection] = (client, close, True)
+        sending = self._sending.setdefault(client, {})
+        sending[connection] = None
         pushed_out = []
-        while len(waiting) > self.per_client:
-            oldest = next(iter(waiting))
-            pushed_out.append(waiting.pop(oldest))
-        return pushed_out
+        while len(sending) > self.per_client:
+            pushed_out.append(self._drop(next(iter(sending))))
+        return pushed_out + self._within_total()
+
+    def idle(
+        self, client: str, connection: object, close: Callable[[], None]
+    ) -> list[Callable[[], None]]:
+        """``connection`` answered its request and waits for the next one."""
+        self.leave(client, connection)
+        self._all[connection] = (client, close, False)
+        return self._within_total()
 
     def leave(self, client: str, connection: object) -> None:
-        waiting = self._by_client.get(client)
-        if waiting is not None and waiting.pop(connection, None) is not None and not waiting:
-            del self._by_client[client]
+        """``connection`` is no longer waiting (headers complete, or closed)."""
+        if connection in self._all:  # else pushed out before, or never in
+            self._drop(connection)
 
-    def waiting(self, client: str) -> int:
-        """Connections of ``client`` in the phase now."""
-        return len(self._by_client.get(client, ()))
+    def waiting(self, client: str | None = None) -> int:
+        """Connections of ``client`` still sending headers now; None: all connections
+        waiting, of all peers."""
+        return len(self._all) if client is None else len(self._sending.get(client, ()))
+
+    def _within_total(self) -> list[Callable[[], None]]:
+        return [self._drop(next(iter(self._all))) for _ in range(len(self._all) - self.total)]
+
+    def _drop(self, connection: object) -> Callable[[], None]:
+        client, close, sending = self._all.pop(connection)
+        if sending:
+            waiting = self._sending[client]
+            del waiting[connection]
+            if not waiting:
+                del self._sending[client]
+        return close
 
 
 def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpToolsProtocol]:
     """uvicorn's HTTP/1.1 protocol, closing connections whose headers do not arrive within
-    ``header_timeout_s`` or that ``phase`` pushes out."""
+    ``header_timeout_s`` or that ``phase`` pushes out (while sending headers or idle)."""
 
     class GatewayProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -132,6 +167,13 @@ def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpTo
         def on_headers_complete(self) -> None:
             self._headers_done()
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # Kept alive for a next request (uvicorn armed its keep-alive timer).
+            if not self.transport.is_closing() and self.timeout_keep_alive_task is not None:
+                for pushed_out in phase.idle(self._peer(), self, self.transport.close):
+                    pushed_out()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._headers_done()
@@ -156,7 +198,7 @@ def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpTo
 
 
 def uvicorn_config(app: ASGIApp, config: GatewayConfig, host: str, port: int) -> uvicorn.Config:
-    phase = HeaderPhase(config.header_connections_per_client)
+    phase = HeaderPhase(config.header_connections_per_client, config.header_connections_total)
     return uvicorn.Config(
         RequestLimit(app, config.max_concurrency),
         host=host,

@@ -19,7 +19,6 @@ from gateway.fold.calls import describe_producer, path_from_command
 from gateway.fold.json_output import unwrap
 from gateway.fold.protocol import parse_reply
 from gateway.fold.references import anchors, said
-from gateway.fold.restore import parse_restore_action
 from gateway.fold.spans import split_spans
 from gateway.steps.reply_filter import text_restore
 from gateway.transcript import text_message
@@ -39,7 +38,7 @@ SHAPES: dict[str, tuple[Callable[[int], str], Callable[[str], object]]] = {
         lambda n: "The file a.py has been edited\n" + _EDITED_HEADER * (n // len(_EDITED_HEADER)),
         split_spans,
     ),
-    "blank lines before restore": (lambda n: "\n" * n + "x", parse_restore_action),
+    "blank lines before a restore block": (lambda n: "\n" * n + "x", text_restore),
     "blanks in a restore block": (lambda n: "```" + " " * n + "x", text_restore),
     "slash word among an output's paths": (lambda n: "/" * n, anchors),
     "dotted path word": (lambda n: "a/" + "a." * (n // 2), anchors),

@@ -88,10 +88,10 @@ from gateway.fold.renderer import (
     removed_by,
 )
 from gateway.fold.restore import (
-    parse_restore_action,
     parse_restore_spec,
     restore_tool_name,
     restore_tool_schema,
+    text_restore,
 )
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 
@@ -395,7 +395,7 @@ def _count_undone(c: ReFoldCache, m: Message) -> None:
     """A restored message gives folded steps back: each counts against the rule that
     folded it, and a rule the model undid ``STRIKES`` times stops for the session."""
     if c.text_mode:
-        spec = parse_restore_action(c.last_reply)
+        spec = text_restore(c.last_reply)
     else:
         call = c.calls.get(m.tool_call_id or "")
         args = _json_object(call.arguments) if call is not None else {}

@@ -1,8 +1,10 @@
 """ReFold's restore: giving the model back the original bytes of steps it cannot see.
 
 The gateway offers a ``restore`` tool (or, in text harnesses, answers a ``restore N``
-action), reads the steps from the history (never from a rendering) and appends the answer
-as a new turn, listed in ``RenderState.restored`` so that it renders verbatim.
+command block: ``text_restore``, the one reader of it, used by the reply filter as the
+reply streams and by ReFold to count what a restore undid), reads the steps from the
+history (never from a rendering) and appends the answer as a new turn, listed in
+``RenderState.restored`` so that it renders verbatim.
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ RESTORE_TOOL_NAME = "restore"
 _CLASH_PREFIX = "foldgate_restore"
 
 _SPEC = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
-# Leading blanks within the line (``\s*`` would rescan a run of blank lines from each line
-# start of it: quadratic); a match through blank lines starts on the line of ``restore``.
-_ACTION = re.compile(r"^[^\S\n]*+restore\s+(\d+(?:\s*-\s*\d+)?)\s*$", re.IGNORECASE | re.MULTILINE)
+# ``\s`` takes newlines: one ``\s*`` per gap (``\s*\n?\s*`` matched the same, in time
+# quadratic in a run of blanks).
+_RESTORE_BLOCK = re.compile(
+    r"^\s*```[a-z]*\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*```\s*$", re.IGNORECASE
+)
+
+
+def text_restore(held: str) -> str | None:
+    """The step spec when ``held`` is one command block holding only ``restore N`` / ``i-j``."""
+    match = _RESTORE_BLOCK.match(held)
+    return re.sub(r"\s+", "", match.group(1)) if match else None
 
 
 def parse_restore_spec(spec: str) -> tuple[int, int]:
@@ -38,12 +48,6 @@ def parse_restore_spec(spec: str) -> tuple[int, int]:
     if last < first:
         raise ValueError(f"restore range {spec!r} ends (step {last}) before it starts ({first})")
     return first, last
-
-
-def parse_restore_action(text: str) -> str | None:
-    """The step spec of a text-harness ``restore N`` / ``restore i-j`` line, if any."""
-    match = _ACTION.search(text)
-    return match.group(1) if match else None
 
 
 def restore_outputs(

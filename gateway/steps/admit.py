@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import statistics
 import time
 import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
@@ -32,6 +35,10 @@ WINDOW_S = 60.0
 SLOTS = "concurrent"
 # When a tenant is at its session limit nothing says when a session expires.
 SESSION_RETRY_S = 60
+# How long a tenant's requests hold their slots: the median of its last few here, for that
+# many tenants at most (least recently released out).
+HOLDS_PER_TENANT = 16
+HOLD_TENANTS = 1024
 
 _LIMITS = {
     "requests": "requests per minute",
@@ -55,19 +62,24 @@ class QuotaExceeded(Exception):
 
 class LeaseKeeper:
     """This process's live leases, renewed all in one store call every third of a lease
-    period while any are held (one task, which ends when none are left)."""
+    period while any are held (one task, which ends when none are left), and how long each
+    tenant's requests have held theirs (``free_in_s``)."""
 
-    def __init__(self, store: SessionStore, period_s: float) -> None:
+    def __init__(
+        self, store: SessionStore, period_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if period_s <= 0:
             raise ValueError(f"lease period must be positive, got {period_s}")
         self.store = store
         self.period_s = period_s
-        self.live: set[HeldLease] = set()
+        self.clock = clock
+        self.live: dict[HeldLease, float] = {}  # -> when it was taken
+        self._holds: OrderedDict[str, deque[float]] = OrderedDict()  # tenant -> seconds
         self._renewing: asyncio.Task[None] | None = None
         self._emptied = asyncio.Event()
 
     def hold(self, lease: HeldLease) -> None:
-        self.live.add(lease)
+        self.live[lease] = self.clock()
         self._emptied.clear()
         if self._renewing is None:
             self._renewing = asyncio.create_task(self._renew())
@@ -75,7 +87,9 @@ class LeaseKeeper:
     async def release(self, lease: HeldLease) -> None:
         """Stop renewing the lease and give it back; if the store cannot be reached, it
         runs out on its own within one lease period."""
-        self.live.discard(lease)
+        taken = self.live.pop(lease, None)
+        if taken is not None:
+            self._held_for(lease.tenant, self.clock() - taken)
         if not self.live:
             self._emptied.set()
         try:
@@ -109,9 +123,38 @@ class LeaseKeeper:
                 for lease in lost:
                     if lease in self.live:  # not released meanwhile: it ran out
                         log.warning("slot of tenant %r ran out in flight", lease.tenant)
-                        self.live.discard(lease)
+                        del self.live[lease]
         finally:
             self._renewing = None
+
+    def free_in_s(self, tenant: str, earliest_deadline_s: float) -> float:
+        """Seconds until one of the tenant's slots is likely free, its pool being full and
+        its earliest lease running out in ``earliest_deadline_s``. A lease still renewed
+        does not run out: its slot comes back when its request ends. So: the first of the
+        tenant's requests in flight here expected to end, taking each to hold its slot the
+        median of the tenant's last holds (one already past it: about one more), or the
+        earliest deadline when that comes first (a holder that died) or nothing says more
+        (no request of the tenant ended here yet, or other processes hold its slots)."""
+        holds = self._holds.get(tenant)
+        if not holds:
+            return earliest_deadline_s
+        typical = statistics.median(holds)
+        now = self.clock()
+        ends = [
+            typical - held if (held := now - taken) < typical else typical
+            for lease, taken in self.live.items()
+            if lease.tenant == tenant
+        ]
+        return min([earliest_deadline_s, *ends])
+
+    def _held_for(self, tenant: str, seconds: float) -> None:
+        holds = self._holds.get(tenant)
+        if holds is None:
+            holds = self._holds[tenant] = deque(maxlen=HOLDS_PER_TENANT)
+        holds.append(seconds)
+        self._holds.move_to_end(tenant)
+        while len(self._holds) > HOLD_TENANTS:
+            self._holds.popitem(last=False)
 
 
 @dataclass
@@ -134,10 +177,11 @@ class Quotas:
         store: SessionStore,
         tenants: Tenants,
         lease_period_s: float = GatewayConfig.lease_period_s,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.tenants = tenants
-        self.leases = LeaseKeeper(store, lease_period_s)
+        self.leases = LeaseKeeper(store, lease_period_s, clock)
 
     async def admit(self, tenant: str) -> Lease:
         """Count the request and take a slot in flight; ``QuotaExceeded`` when over."""
@@ -192,8 +236,8 @@ class Quotas:
         if refusal.name == "sessions":
             retry = SESSION_RETRY_S
         elif refusal.name == SLOTS:
-            # the earliest a slot is free for sure: when the first lease would run out
-            retry = max(1, math.ceil(refusal.free_in_s or 0))
+            deadline = self.leases.period_s if refusal.free_in_s is None else refusal.free_in_s
+            retry = max(1, math.ceil(self.leases.free_in_s(tenant, deadline)))
         else:
             retry = max(1, math.ceil(WINDOW_S - time.time() % WINDOW_S))
         raise QuotaExceeded(tenant, refusal, retry)

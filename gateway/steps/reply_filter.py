@@ -11,24 +11,91 @@ client's reply goes on with the model's next attempt.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.dialects.chunks import ChunkAccumulator
+from gateway.fold.restore import text_restore
 
 _FENCE = "```"
-# ``\s`` takes newlines: one ``\s*`` per gap (``\s*\n?\s*`` matched the same, in time
-# quadratic in a run of blanks).
-_RESTORE_BLOCK = re.compile(
-    r"^\s*```[a-z]*\s*restore\s+(\d+(?:\s*-\s*\d+)?)\s*```\s*$", re.IGNORECASE
-)
 
 
-def text_restore(held: str) -> str | None:
-    """The step spec when ``held`` is one command block holding only ``restore N`` / ``i-j``."""
-    match = _RESTORE_BLOCK.match(held)
-    return re.sub(r"\s+", "", match.group(1)) if match else None
+class _HeldText:
+    """A text-action reply's content as it streams: how much of it may go to the client,
+    the rest held because a restore block could start there.
+
+    Held back: from an open fence on; a closed block that is a restore with only blanks
+    after it; a trailing run of backticks (a fence may be arriving split over chunks). The
+    state is kept as the text grows, so each chunk costs its own length: the fences are
+    searched for in the new characters only (and the two before them), a closed block is
+    read once, when it closes, and the held text is joined only when some of it goes out.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[str] = []  # the text from ``_sent`` on, in pieces
+        self._length = 0
+        self._sent = 0
+        self._fences = 0  # fences in the text: non-overlapping, searched from the left
+        self._last = 0  # start of the last fence
+        self._before_last = 0  # start of the one before
+        self._search_from = 0  # no fence starts between the last's end and here
+        self._carry = ""  # the text's last two characters: a fence may start in them
+        self._closed_restore = False  # the last closed block is a restore block
+        self._blank_after = True  # only blanks after the last fence
+        self._trailing_ticks = 0
+
+    def feed(self, piece: str) -> str:
+        """Add ``piece`` to the text; the text the client may have now."""
+        start = self._length
+        self._length += len(piece)
+        self._held.append(piece)
+        window_start = start - len(self._carry)
+        window = self._carry + piece
+        self._carry = window[-2:]
+        at = max(self._search_from, window_start) - window_start
+        found_end = None
+        while (found := window.find(_FENCE, at)) >= 0:
+            self._fences += 1
+            self._before_last, self._last = self._last, window_start + found
+            at = found_end = found + len(_FENCE)
+            if self._fences % 2 == 0:
+                # The held text starts at or before the block: its opening fence held it.
+                first = self._before_last - self._sent
+                block = self._joined()[first : first + self._last + len(_FENCE) - self._before_last]
+                self._closed_restore = text_restore(block) is not None
+        if found_end is not None:
+            self._search_from = window_start + found_end
+            rest = window[found_end:]
+            self._blank_after = not rest or rest.isspace()
+        elif piece and not piece.isspace():
+            self._blank_after = False
+        stripped = piece.rstrip("`")
+        if stripped:
+            self._trailing_ticks = len(piece) - len(stripped)
+        else:
+            self._trailing_ticks += len(piece)
+        if self._fences % 2:
+            safe = self._last
+        elif self._fences and self._closed_restore and self._blank_after:
+            safe = self._before_last
+        else:
+            safe = self._length - self._trailing_ticks
+        if safe <= self._sent:
+            return ""
+        held = self._joined()
+        self._held = [held[safe - self._sent :]]
+        released = held[: safe - self._sent]
+        self._sent = safe
+        return released
+
+    def held(self) -> str:
+        """The text not sent yet."""
+        return self._joined()
+
+    def _joined(self) -> str:
+        if len(self._held) > 1:
+            self._held = ["".join(self._held)]
+        return self._held[0] if self._held else ""
 
 
 @dataclass
@@ -67,8 +134,7 @@ class ReplyFilter:
         self.restore_tool = restore_tool
         self.first_attempt = first_attempt
         self.acc = ChunkAccumulator()
-        self._content = ""
-        self._content_sent = 0
+        self._text = _HeldText()
         self._is_restore: dict[int, bool] = {}
         self._client_index: dict[int, int] = {}
         self._held_calls: dict[int, list[dict[str, Any]]] = {}
@@ -92,8 +158,7 @@ class ReplyFilter:
         if not self.first_attempt:
             passthrough.pop("role", None)
         if isinstance(delta.get("content"), str):
-            self._content += delta["content"]
-            piece = self._releasable_content()
+            piece = self._text.feed(delta["content"]) if self.text_actions else delta["content"]
             if piece:
                 passthrough["content"] = piece
         if passthrough:
@@ -111,7 +176,7 @@ class ReplyFilter:
         restore_calls = [c for c in calls if self._restores(c["function"]["name"])]
         restores = [_call_spec(c) for c in restore_calls]
         out: list[dict[str, Any]] = []
-        held = self._content[self._content_sent :]
+        held = self._text.held()
         action = text_restore(held) if self.text_actions else None
         if action is not None:
             restores.append(action)
@@ -150,25 +215,6 @@ class ReplyFilter:
 
     def _restores(self, name: str) -> bool:
         return self.restore_tool is not None and name == self.restore_tool
-
-    def _releasable_content(self) -> str:
-        """New content up to where a restore action could start; all of it outside text mode."""
-        text = self._content
-        safe = len(text)
-        if self.text_actions:
-            fences = [m.start() for m in re.finditer(_FENCE, text)]
-            if len(fences) % 2:
-                safe = fences[-1]
-            elif fences and text_restore(text[fences[-2] :]) is not None:
-                safe = fences[-2]
-            else:
-                # A fence may be arriving split over chunks.
-                safe = len(text.rstrip("`"))
-        if safe <= self._content_sent:
-            return ""
-        piece = text[self._content_sent : safe]
-        self._content_sent = safe
-        return piece
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         # A shallow copy: the template's values (id, model, ...) are only ever read.

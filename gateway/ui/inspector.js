@@ -48,33 +48,66 @@ function table(columns, rows, onRow, selected) {
   return el("table", {}, el("thead", {}, head), el("tbody", {}, ...body));
 }
 
+const SESSION_COLUMNS = [
+  ["Session", (s) => s.id],
+  ["Requests", (s) => num(s.requests)],
+  ["Raw tokens", (s) => num(s.raw_tokens)],
+  ["Rendered", (s) => num(s.rendered_tokens)],
+  ["Saved", (s) => pct(s.saved_tokens, s.raw_tokens)],
+  ["Upstream prompt", (s) => num(s.upstream_prompt_tokens)],
+  ["Cached", (s) => pct(s.upstream_cached_tokens, s.upstream_prompt_tokens)],
+  ["Stubs", (s) => num(s.stubs)],
+  ["Folds", (s) => num(s.folds)],
+  ["Restores", (s) => num(s.restores)],
+  ["Compactions", (s) => num(s.compactions)],
+  ["Replica", (s) => s.replica || "–"],
+  ["Last request", (s) => when(s.last_request_at)],
+];
+
+// One page of the session list as a table, its rows marked with their session ids.
+function sessionTable(sessions) {
+  const t = table(SESSION_COLUMNS, sessions,
+    (s) => { location.hash = "session=" + encodeURIComponent(s.id); });
+  for (const [i, tr] of [...t.tBodies[0].rows].entries()) {
+    tr.classList.add("session-row");
+    tr.dataset.session = sessions[i].id;
+  }
+  return t;
+}
+
+// The list comes a page at a time (GET /v1/sessions pages with a cursor): the first page,
+// then each next one appended under it when asked for.
 async function showList() {
   document.getElementById("where").textContent = "sessions";
-  const { data } = await api("/v1/sessions");
-  if (!data.length) {
+  const first = await api("/v1/sessions");
+  if (!first.data.length) {
     app.replaceChildren(el("p", {}, "No sessions for this tenant yet."));
     return;
   }
-  const t = table([
-    ["Session", (s) => s.id],
-    ["Requests", (s) => num(s.requests)],
-    ["Raw tokens", (s) => num(s.raw_tokens)],
-    ["Rendered", (s) => num(s.rendered_tokens)],
-    ["Saved", (s) => pct(s.saved_tokens, s.raw_tokens)],
-    ["Upstream prompt", (s) => num(s.upstream_prompt_tokens)],
-    ["Cached", (s) => pct(s.upstream_cached_tokens, s.upstream_prompt_tokens)],
-    ["Stubs", (s) => num(s.stubs)],
-    ["Folds", (s) => num(s.folds)],
-    ["Restores", (s) => num(s.restores)],
-    ["Compactions", (s) => num(s.compactions)],
-    ["Replica", (s) => s.replica || "–"],
-    ["Last request", (s) => when(s.last_request_at)],
-  ], data, (s) => { location.hash = "session=" + encodeURIComponent(s.id); });
-  for (const [i, tr] of [...t.tBodies[0].rows].entries()) {
-    tr.classList.add("session-row");
-    tr.dataset.session = data[i].id;
-  }
-  app.replaceChildren(el("h2", {}, "Sessions"), t);
+  const t = sessionTable(first.data);
+  const shown = el("p", { id: "sessions-shown" });
+  const more = el("button", { id: "more-sessions" }, "More sessions");
+  let page = first;
+  let count = first.data.length;
+  const update = () => {
+    shown.textContent = num(count) + " sessions shown" + (page.has_more ? ", more follow" : "");
+    more.hidden = !page.has_more;
+  };
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      page = await api("/v1/sessions?after=" + encodeURIComponent(page.next_cursor));
+      t.tBodies[0].append(...sessionTable(page.data).tBodies[0].rows);
+      count += page.data.length;
+      update();
+    } catch (err) {
+      shown.textContent = String(err.message || err);
+    } finally {
+      more.disabled = false;
+    }
+  });
+  update();
+  app.replaceChildren(el("h2", {}, "Sessions"), t, shown, more);
 }
 
 function figure(label, value) {

@@ -5,10 +5,10 @@ import pytest
 from gateway.fold.renderer import RenderState
 from gateway.fold.restore import (
     RESTORE_TOOL_NAME,
-    parse_restore_action,
     parse_restore_spec,
     restore_outputs,
     restore_tool_schema,
+    text_restore,
 )
 from gateway.transcript import Message, Text, Transcript, text_message, tool_message
 from tests.fold.conftest import text_history, tool_history, turn
@@ -76,9 +76,11 @@ def test_text_action_transcripts_restore_user_observations() -> None:
 
 
 def test_restore_action_in_text() -> None:
-    assert parse_restore_action("I need it again.\nrestore 4\n") == "4"
-    assert parse_restore_action("RESTORE 3-5") == "3-5"
-    assert parse_restore_action("we should restore the file") is None
+    # The reader that serves: a command block holding only the command, blanks around it.
+    assert text_restore("```\nrestore 4\n```\n") == "4"
+    assert text_restore("```bash\nRESTORE 3 - 5\n```") == "3-5"
+    assert text_restore("we should restore the file") is None
+    assert text_restore("restore 4") is None  # not a command block
 
 
 def test_restore_tool_schema() -> None:

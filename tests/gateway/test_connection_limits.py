@@ -8,6 +8,8 @@ the gateway's own overload answer is in the endpoint's error shape.
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -46,9 +48,14 @@ def chat(text: str) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 8}
 
 
-async def open_slow(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection that sends a request line and one header, and then nothing."""
-    reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
+async def open_slow(
+    url: str, source: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection (from address ``source``) that sends a request line and one header,
+    and then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    local = None if source is None else (source, 0)
+    reader, writer = await asyncio.open_connection(host, int(port), local_addr=local)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
     await writer.drain()
     return reader, writer
@@ -164,7 +171,7 @@ async def test_past_its_request_limit_the_gateway_answers_in_the_endpoints_shape
 
 
 def test_each_peer_keeps_its_own_bound_of_connections_awaiting_headers() -> None:
-    phase = HeaderPhase(per_client=2)
+    phase = HeaderPhase(per_client=2, total=100)
     closed: list[str] = []
 
     def enter(client: str, name: str) -> None:
@@ -180,3 +187,135 @@ def test_each_peer_keeps_its_own_bound_of_connections_awaiting_headers() -> None
     phase.leave("10.0.0.1", "a1")  # pushed out before: nothing to do
     enter("10.0.0.1", "a5")
     assert closed == ["a1", "a2"] and phase.waiting("10.0.0.1") == 2
+
+
+def test_all_peers_together_keep_a_bound_of_connections_awaiting_headers() -> None:
+    phase = HeaderPhase(per_client=2, total=3)
+    closed: list[str] = []
+
+    def enter(client: str, name: str) -> None:
+        for close in phase.enter(client, name, lambda: closed.append(name)):
+            close()
+
+    for peer in ("a", "b", "c", "d"):  # each within its own bound
+        enter(peer, f"{peer}1")
+    assert closed == ["a1"] and phase.waiting() == 3  # the oldest of all went
+    phase.leave("b", "b1")  # its headers arrived
+    enter("e", "e1")
+    enter("e", "e2")  # e's own bound holds; the oldest of all goes for the total
+    assert closed == ["a1", "c1"]
+    assert [phase.waiting(p) for p in "abcde"] == [0, 0, 0, 1, 2]
+    phase.leave("c", "c1")  # pushed out before: nothing to do
+    assert phase.waiting() == 3
+
+
+PEERS = 60  # source addresses 127.0.0.2 ... (all loopback on Linux)
+TOTAL = 16
+
+
+async def test_slow_connections_from_many_peers_cannot_take_every_file_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Each of many addresses within its own bound, together more slow connections than
+    the process has file descriptors left: without a bound over all peers the gateway could
+    accept no connection, and every authenticated request waited (for the header timeout,
+    two minutes here)."""
+    fake = await FakeUpstream().start()
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        gateway = config(fake, tmp_path, header_connections_total=TOTAL)
+        async with (
+            gateway_process(gateway, tmp_path) as (url, proc),
+            httpx.AsyncClient(timeout=PROMPT_S) as client,
+        ):
+            # Room for the process's own files and a few connections, not for PEERS *
+            # PER_CLIENT more.
+            in_use = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (in_use + 3 * TOTAL, hard))
+            slow = [
+                await open_slow(url, f"127.0.0.{2 + peer}")
+                for peer in range(PEERS)
+                for _ in range(PER_CLIENT)
+            ]
+            writers = [w for _, w in slow]
+            for step in range(3):
+                resp = await client.post(
+                    f"{url}/v1/chat/completions", json=chat(f"step {step}"), headers=HEADERS
+                )
+                assert resp.status_code == 200, resp.text
+            # The server closed all but the youngest TOTAL of them, unanswered (or one more
+            # for each request above: its headers took a place in the phase too).
+            closed = await closed_by_server([r for r, _ in slow], len(slow) - TOTAL)
+            assert closed >= len(slow) - TOTAL
+            assert proc.poll() is None
+    finally:
+        for w in writers:
+            w.close()
+        await fake.stop()
+
+
+def test_idle_connections_count_toward_the_total_only() -> None:
+    phase = HeaderPhase(per_client=1, total=3)
+    closed: list[str] = []
+
+    def push(pushed_out: list) -> None:
+        for close in pushed_out:
+            close()
+
+    for name in ("a1", "a2", "a3"):  # kept alive after their requests: all one peer's
+        push(phase.idle("10.0.0.1", name, lambda name=name: closed.append(name)))
+    assert closed == [] and phase.waiting() == 3 and phase.waiting("10.0.0.1") == 0
+    push(phase.enter("10.0.0.2", "b1", lambda: closed.append("b1")))
+    assert closed == ["a1"]  # the oldest of all, idle or not
+    # An idle connection's next request: sending its headers now, within its peer's bound.
+    push(phase.enter("10.0.0.1", "a2", lambda: closed.append("a2")))
+    assert closed == ["a1"] and phase.waiting("10.0.0.1") == 1 and phase.waiting() == 3
+    phase.leave("10.0.0.1", "a2")
+    assert phase.waiting() == 2
+
+
+async def open_idle(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that sends one complete request, reads its answer, and then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return reader, writer
+
+
+async def test_idle_connections_cannot_take_every_file_descriptor(tmp_path: Path) -> None:
+    """Connections kept alive after a request and then left idle (one address: no peer
+    bound applies to them) are closed oldest first past the total, as the slow ones are."""
+    fake = await FakeUpstream().start()
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        gateway = config(fake, tmp_path, header_connections_total=TOTAL, keep_alive_s=120.0)
+        async with (
+            gateway_process(gateway, tmp_path) as (url, proc),
+            httpx.AsyncClient(timeout=PROMPT_S) as client,
+        ):
+            in_use = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (in_use + 3 * TOTAL, hard))
+            idle = [await open_idle(url) for _ in range(PEERS * PER_CLIENT)]
+            writers = [w for _, w in idle]
+            for step in range(3):
+                resp = await client.post(
+                    f"{url}/v1/chat/completions", json=chat(f"step {step}"), headers=HEADERS
+                )
+                assert resp.status_code == 200, resp.text
+            closed = await closed_by_server([r for r, _ in idle], len(idle) - TOTAL)
+            assert closed >= len(idle) - TOTAL
+            assert proc.poll() is None
+    finally:
+        for w in writers:
+            w.close()
+        await fake.stop()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway import context_guard
 from gateway.config import GatewayConfig
 from gateway.context_guard import (
     DEFAULT_REPLY_TOKENS,
@@ -217,6 +218,39 @@ async def test_a_session_keeps_a_count_of_its_tools_not_their_schemas() -> None:
     ).threshold
     expected = threshold(WINDOW, 1_000, PRIOR_RATIO, tools_estimate(request(tools=fewer)))
     assert threshold_now == expected
+
+
+async def test_a_tenants_replies_calibrate_only_its_own_new_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another tenant's traffic moves no threshold of this one's: it would change its guard
+    decisions, and tell it something of that traffic (a side channel)."""
+    guard, _ = guard_over({"http://a": WINDOW})
+    await guard.learn("m")
+
+    def calibrate(tenant: str, session: str, ratio: float) -> None:
+        guard.renderer((tenant, session), "refold", request(1_000))
+        guard.rendered((tenant, session), 1_000, compacted=False)
+        guard.observe((tenant, session), {"prompt_tokens": round(1_000 * ratio)})
+
+    def first_threshold(tenant: str, session: str) -> int:
+        return cliff_of(guard.renderer((tenant, session), "refold", request(1_000))).threshold
+
+    prior = threshold(WINDOW, 1_000, PRIOR_RATIO, 0)
+    calibrate("noisy", "n1", 2.5)  # a prompt far denser than the prior
+    assert first_threshold("quiet", "q1") == prior
+    assert first_threshold("noisy", "n2") == threshold(WINDOW, 1_000, rounded_ratio(2.5), 0)
+    calibrate("quiet", "q2", 1.25)
+    assert first_threshold("quiet", "q3") == threshold(WINDOW, 1_000, rounded_ratio(1.25), 0)
+    assert first_threshold("noisy", "n3") == threshold(WINDOW, 1_000, rounded_ratio(2.5), 0)
+
+    # The ratios of at most RECENT_TENANTS tenants are kept, the least recently observed
+    # forgotten first: memory stays bounded however many tenants there are.
+    monkeypatch.setattr(context_guard, "RECENT_TENANTS", 3)
+    for tenant in ("t1", "t2", "t3"):
+        calibrate(tenant, "s", 2.0)
+    assert first_threshold("quiet", "q4") == prior
+    assert first_threshold("t1", "new") == threshold(WINDOW, 1_000, rounded_ratio(2.0), 0)
 
 
 async def test_usage_without_a_guarded_render_calibrates_nothing() -> None:

@@ -7,13 +7,15 @@ the README shows, is a copy of one."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
 
 from playwright.async_api import async_playwright
 
-from tests.gateway.agent_session import SESSION, drive
+from gateway.sessions_api import DEFAULT_PAGE, MAX_PAGE
+from tests.gateway.agent_session import SESSION, drive, started
 
 ARTIFACTS = Path(
     os.environ.get("FOLDGATE_ARTIFACTS") or Path(__file__).resolve().parents[1] / "artifacts"
@@ -65,3 +67,38 @@ async def test_page_shows_a_session_and_expands_a_stub(gateway_with_fake, client
             assert await page.locator(".msg.rendered").count() == 4
             await browser.close()
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+async def test_the_session_list_pages_through_every_session(gateway_with_fake, client):
+    """More sessions than one page of ``GET /v1/sessions``: the page shows the first page,
+    then each next one under it (it showed the first page only)."""
+    names = [f"paged-{i:03d}" for i in range(DEFAULT_PAGE + 1)]
+    async with gateway_with_fake(ui=True) as (url, _fake):
+        for batch in range(0, len(names), 20):
+            await asyncio.gather(
+                *(started(client, url, [name]) for name in names[batch : batch + 20])
+            )
+        # Each request's accounting is written after its reply, and uses the session (the
+        # list is most recently used first): wait until all of it is, so that no session
+        # moves between two pages.
+        while True:
+            listed = (await client.get(f"{url}/v1/sessions?limit={MAX_PAGE}")).json()["data"]
+            if len(listed) == len(names) and all(s["requests"] == 1 for s in listed):
+                break
+            await asyncio.sleep(0.05)
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            page = await browser.new_page()
+            await page.goto(f"{url}/ui")
+            rows = page.locator(".session-row")
+            await rows.first.wait_for()
+            first_page = await rows.count()
+            more = page.locator("#more-sessions")
+            await more.click()
+            await rows.nth(DEFAULT_PAGE).wait_for()
+            shown = [await r.get_attribute("data-session") for r in await rows.all()]
+            more_left = await more.is_visible()
+            await browser.close()
+    assert first_page == DEFAULT_PAGE
+    assert sorted(shown) == names  # each once
+    assert not more_left

@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.steps.admit import QuotaExceeded, Quotas
+from gateway.steps.admit import SLOTS, QuotaExceeded, Quotas
 from gateway.tenants import Tenants
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from loadtests.local_servers import RedisServer
-from store import HeldLease, open_store
+from store import HeldLease, LeaseClaim, open_store
 from store.sqlite import SQLiteStore
 from tests.gateway.conftest import gateway_process, running_gateway
 from tests.gateway.test_quotas import chat, keyed
@@ -211,3 +211,76 @@ async def test_one_renewal_call_renews_every_lease_of_the_process(tmp_path: Path
     finally:
         await store.close()
     assert all({held.tenant for held in call} == set("abc") for call in store.renewals)
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_retry_after_says_when_a_slot_is_expected_free(tmp_path: Path) -> None:
+    """A lease still renewed does not run out: its slot comes back when its request ends,
+    which the tenant's last requests tell (the median of how long they held a slot). The
+    lease's deadline, up to a whole period away, is the answer only for a holder that died
+    or when nothing says more."""
+    period = 30.0
+    store = SQLiteStore(tmp_path / "store.db")
+    clock = Clock()
+    quotas = Quotas(store, Tenants({"acme": {"concurrent_requests": 2}}, None), period, clock)
+
+    async def refused_retry() -> int:
+        with pytest.raises(QuotaExceeded) as refused:
+            await quotas.admit("acme")
+        return refused.value.retry_after_s
+
+    try:
+        first, second = await quotas.admit("acme"), await quotas.admit("acme")
+        unknown = await refused_retry()  # no request of the tenant ended yet
+        for lease, held_s in ((first, 3.0), (second, 5.0)):
+            clock.now += held_s
+            await lease.release()
+        held = [await quotas.admit("acme"), await quotas.admit("acme")]
+        clock.now += 3.0
+        await held.pop(0).release()  # held 3 s: the median of 3, 5 and 3
+        held.append(await quotas.admit("acme"))
+        clock.now += 1.0  # the requests in flight have held their slots 4 s and 1 s
+        expected = await refused_retry()
+        clock.now += 2.5  # both past the median now: each taken to need about one more
+        running_long = await refused_retry()
+        for lease in held:
+            await lease.release()
+        # A holder that died (a lease taken with a short period and never renewed) frees
+        # its slot at its deadline, sooner than this process's request is expected to end.
+        dead = LeaseClaim(SLOTS, "dead-holder", 2, 2.0)
+        assert await store.charge("acme", [], lease=dead) is None
+        held = [await quotas.admit("acme")]
+        dying = await refused_retry()
+        for lease in held:
+            await lease.release()
+    finally:
+        await store.close()
+    assert 20 <= unknown <= period  # the deadline of a lease just taken
+    assert expected == 2  # the 1-s request: 3 s typical, 2 s to go (the deadline: 30 s)
+    assert running_long == 3
+    assert dying == 2
+
+
+async def test_a_tenant_of_short_requests_is_told_to_retry_soon(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    quotas = Quotas(store, Tenants({"acme": {"concurrent_requests": 1}}, None), 30.0)
+    try:
+        for _ in range(3):  # requests that hold their slot for milliseconds
+            await (await quotas.admit("acme")).release()
+        lease = await quotas.admit("acme")
+        with pytest.raises(QuotaExceeded) as refused:
+            await quotas.admit("acme")
+        await lease.release()
+    finally:
+        await store.close()
+    # (it said up to 30 s, the lease's deadline, while the slot came back in milliseconds)
+    assert refused.value.retry_after_s == 1

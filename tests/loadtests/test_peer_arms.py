@@ -197,8 +197,10 @@ def row(cell: str, arm: str, run: int, **figures: Any) -> dict[str, Any]:
 
 def test_the_report_puts_peer_rows_beside_foldgates_and_applies_the_tie_rule() -> None:
     runs = [
-        row("refold_sticky-cost_u4_kv6M", "gateway", 1, vllm_prefix_hit_rate=0.80, ttft_p50_ms=300.0),
-        row("refold_sticky-cost_u4_kv6M", "gateway", 2, vllm_prefix_hit_rate=0.78, ttft_p50_ms=340.0),
+        row("refold_sticky-cost_u4_kv6M", "gateway", 1,
+            vllm_prefix_hit_rate=0.80, ttft_p50_ms=300.0),
+        row("refold_sticky-cost_u4_kv6M", "gateway", 2,
+            vllm_prefix_hit_rate=0.78, ttft_p50_ms=340.0),
         row("vllm-router_cache-aware_u4_kv6M", "vllm_router", 1,
             vllm_prefix_hit_rate=0.60, ttft_p50_ms=320.0),
         row("vllm-router_cache-aware_u4_kv6M", "vllm_router", 2,
