@@ -126,7 +126,10 @@ def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
 async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> float:
     started = time.perf_counter()
     async with http.post(url, data=body, headers=headers) as resp:
-        await resp.read()
+        reply = await resp.read()
         if resp.status != 200:
-            raise RuntimeError(f"{url} answered {resp.status}")
+            # The reply's start says why (a gateway's error names the replica's failure).
+            raise RuntimeError(
+                f"{url} answered {resp.status}: {reply[:300].decode(errors='replace')}"
+            )
     return time.perf_counter() - started

@@ -60,7 +60,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
@@ -326,6 +326,15 @@ def report_curve(points: list[dict[str, Any]], meta: dict[str, Any], args: Any) 
     return 0
 
 
+def work_folder(keep: Path | None) -> AbstractContextManager[str]:
+    """The folder for the processes' logs and stores: ``keep`` (created, left in place) or a
+    temporary one removed at the end."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="fgo-")
+    keep.mkdir(parents=True, exist_ok=True)
+    return nullcontext(str(keep.resolve()))
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="uvicorn,ray", help="comma list of uvicorn, ray")
@@ -372,6 +381,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "--curve-samples", type=int, default=16, help="timed requests per front per point"
     )
     parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        help="write the processes' logs and stores to this folder and keep them (default: a "
+        "temporary folder, removed at the end): the gateway's log says why it answered an error",
+    )
+    parser.add_argument(
         "--plot", type=Path, default=ROOT / "docs" / "overhead-peers.png", help="--curve's PNG"
     )
     args = parser.parse_args(argv)
@@ -406,10 +421,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     stages: dict[str, dict[str, dict[str, float]]] = {}
     if args.curve:
-        with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
+        with work_folder(args.keep_logs) as tmp:
             points = await run_mode("uvicorn", strategies, bodies, args, Path(tmp))
         return report_curve(points, meta, args)
-    with tempfile.TemporaryDirectory(prefix="fgo-") as tmp:
+    with work_folder(args.keep_logs) as tmp:
         for mode in modes:
             rows += await run_mode(mode, strategies, bodies, args, Path(tmp))
         if args.stages:

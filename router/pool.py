@@ -171,6 +171,7 @@ class ReplicaPool:
         now = self._clock()
         before = self._breaker_state(replica, now)
         replica.breaker.record_success(now)
+        replica.served_at = now
         self._breaker_changed(replica, before)
 
     async def probe_once(self) -> None:
@@ -192,11 +193,21 @@ class ReplicaPool:
 
     async def _probe(self, replica: Replica) -> None:
         assert self._session is not None
+        since, replica.probed_at = replica.probed_at, self._clock()
         try:
             async with self._session.get(f"{replica.url}/health") as resp:
                 await resp.read()
                 ok, why = resp.status == 200, f"/health returned {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            if since is not None and replica.served_at is not None and replica.served_at >= since:
+                # The replica answered requests since the last round. The timeout is this
+                # process's: with its event loop busy on CPU work (large histories, many
+                # sessions) the reply waits behind it and the timer fires first; taking the
+                # replica down for that turns a slow gateway into one that refuses all.
+                log.info("replica %s: /health timed out but requests succeed", replica.url)
+                return
+            ok, why = False, f"/health failed: {exc!r}"
+        except aiohttp.ClientError as exc:
             ok, why = False, f"/health failed: {exc!r}"
         if not ok:
             replica.failed_probes += 1
@@ -256,8 +267,14 @@ class ReplicaPool:
 
     def _set_health(self, replica: Replica, healthy: bool, why: str) -> None:
         if replica.healthy != healthy:
-            log.info(
-                "replica %s is now %s (%s)", replica.url, "healthy" if healthy else "down", why
+            # Down is a warning: it refuses requests, and a log at the default level must say why.
+            level = logging.INFO if healthy else logging.WARNING
+            log.log(
+                level,
+                "replica %s is now %s (%s)",
+                replica.url,
+                "healthy" if healthy else "down",
+                why,
             )
         replica.healthy = healthy
         REPLICA_HEALTHY.labels(replica=replica.url).set(1 if healthy else 0)

@@ -23,6 +23,11 @@ class Replica:
     healthy: bool = False
     metrics: ReplicaMetrics | None = None
     failed_probes: int = 0  # in a row
+    # Pool clock: when the last probe round began, and when the gateway's last request to
+    # this replica succeeded (`ReplicaPool.report_success`): a probe that times out while
+    # requests succeed is this process's slowness, not the replica's.
+    probed_at: float | None = None
+    served_at: float | None = None
     in_flight: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 

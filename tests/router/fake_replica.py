@@ -27,6 +27,9 @@ class FakeReplica:
     def __init__(self) -> None:
         self.health_status = 200
         self.health_delay_s = 0.0
+        # CPU work on the event loop before /health answers: the server shares the test's
+        # loop, so this stalls the prober's process too, as a gateway's own pipeline does.
+        self.health_loop_stall_s = 0.0
         self.metrics_text = vllm_metrics_text()
         self.completion_status = 200
         self.completion_calls = 0
@@ -56,6 +59,10 @@ class FakeReplica:
 
     async def _health(self, request: web.Request) -> web.Response:
         await asyncio.sleep(self.health_delay_s)
+        loop = asyncio.get_running_loop()
+        busy_until = loop.time() + self.health_loop_stall_s
+        while loop.time() < busy_until:
+            pass
         return web.Response(status=self.health_status)
 
     async def _metrics(self, request: web.Request) -> web.Response:

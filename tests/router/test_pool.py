@@ -70,6 +70,38 @@ async def test_health_timeout_counts_as_failure(fake_replicas: StartReplicas) ->
         assert p.healthy() == []
 
 
+async def test_a_probe_late_on_a_busy_event_loop_keeps_a_replica_that_serves(
+    fake_replicas: StartReplicas,
+) -> None:
+    # bench/overhead.py --curve at 64 sessions: the gateway's loop, not the replica, was
+    # slow; taking its only replica down refused most requests ("no model server available").
+    (a,) = await fake_replicas(1)
+    async with ReplicaPool([a.url], probe_interval_s=60, timeout_s=0.05, failure_threshold=2) as p:
+        replica = p.replicas[0]
+        a.health_loop_stall_s = 0.3  # past the probe's timeout
+        for _ in range(3):
+            p.report_success(replica)  # a request to it succeeded since the last round
+            await p.probe_once()
+        assert replica.healthy and replica.failed_probes == 0
+        assert p.healthy() == [replica]
+
+
+async def test_a_probe_late_on_a_busy_event_loop_counts_when_nothing_was_served(
+    fake_replicas: StartReplicas,
+) -> None:
+    # The same stall times the probe out; with no request served meanwhile it is what it
+    # looks like (a replica that stopped answering) and counts as before.
+    (a,) = await fake_replicas(1)
+    async with ReplicaPool([a.url], probe_interval_s=60, timeout_s=0.05, failure_threshold=2) as p:
+        replica = p.replicas[0]
+        p.report_success(replica)  # served, but before the last round: says nothing now
+        await p.probe_once()
+        a.health_loop_stall_s = 0.3  # past the probe's timeout
+        for _ in range(2):
+            await p.probe_once()
+        assert not replica.healthy and p.healthy() == []
+
+
 async def test_bad_metrics_keep_replica_healthy_with_unknown_load(
     fake_replicas: StartReplicas,
 ) -> None:
