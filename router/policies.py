@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -147,9 +147,22 @@ class ProfilePolicy:
         usable = routable(pool, exclude)
         views = tuple(snapshot(r) for r in usable.values())
         replicas = frozenset(r.url for r in pool.replicas)
-        inp = RouteInput(tenant, session, hints, views, replicas, exclude, turns=self.turns())
+        inp = RouteInput(
+            tenant,
+            session,
+            hints,
+            views,
+            replicas,
+            exclude,
+            turns=self.turns(),
+            matched=self._matched(usable, hints),
+        )
         choice = self._decide(inp)
         return Decision(usable[choice.url], choice.reason)
+
+    def _matched(self, usable: Mapping[str, Replica], hints: RouteHints) -> dict[str, int]:
+        """Per usable replica, the prompt tokens its prefix tree holds (none kept here)."""
+        return {}
 
     def turns(self) -> dict[str, int]:
         """Each rotation's turns taken so far (a copy: the decision only reads it)."""
@@ -286,17 +299,17 @@ class PrefixTreePolicy(ProfilePolicy):
         if now >= self._next_eviction:
             self.trees.evict()
             self._next_eviction = now + self.knobs.eviction_interval_s
-        usable = routable(pool, exclude)
-        views = tuple(snapshot(r) for r in usable.values())
-        replicas = frozenset(r.url for r in pool.replicas)
-        chain = hints.block_chain if hints.block_chain is not None else ()
-        matched = {url: self.trees.matched(url, chain) for url in usable}
-        inp = RouteInput(
-            tenant, session, hints, views, replicas, exclude, turns=self.turns(), matched=matched
-        )
-        choice = self._decide(inp)
-        self.trees.insert(choice.url, chain)
-        return Decision(usable[choice.url], choice.reason)
+        decision = await super()._route(tenant, session, pool, exclude, hints)
+        self.trees.insert(decision.replica.url, _chain(hints))
+        return decision
+
+    def _matched(self, usable: Mapping[str, Replica], hints: RouteHints) -> dict[str, int]:
+        chain = _chain(hints)
+        return {url: self.trees.matched(url, chain) for url in usable}
+
+
+def _chain(hints: RouteHints) -> Sequence[int]:
+    return hints.block_chain if hints.block_chain is not None else ()
 
 
 def make_policy(
