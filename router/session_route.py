@@ -44,12 +44,12 @@ class SharedPrefix:
 def shared_prefix(tenant: str, transcript: Transcript) -> SharedPrefix | None:
     """The tool schemas and the leading system messages of ``transcript`` as a key scoped
     by ``tenant``, with their estimated tokens; None when the prompt starts with neither."""
-    tools = serialize_tools(transcript.tools)
+    tools = serialize_tools(transcript.tools).encode()
     digest = hashlib.blake2b(digest_size=16)
     digest.update(tenant.encode())
     digest.update(b"\0")
-    digest.update(tools.encode())
-    tokens = len(tools.encode()) // BYTES_PER_TOKEN
+    digest.update(tools)
+    tokens = len(tools) // BYTES_PER_TOKEN
     for message in transcript.messages:
         if message.role != "system":
             break
