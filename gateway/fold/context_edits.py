@@ -17,7 +17,6 @@ Pure: the same rendering, history and edits give the same result.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -28,8 +27,8 @@ from gateway.dialects.anthropic_context import (
     ContextEdit,
 )
 from gateway.fold.renderer import RenderState, TokenCount, step_indices
-from gateway.fold.restore import restore_tool_name, restore_tool_schema
-from gateway.transcript import Message, Text, Thinking, ToolCall, Transcript, text_message
+from gateway.fold.restore import restore_tool_name, restore_tool_schema, restore_tool_tokens
+from gateway.transcript import Message, Text, Thinking, ToolCall, Transcript
 
 CLEARED_INPUT = "{}"
 
@@ -158,15 +157,8 @@ def _clear_tool_uses(
     tools = rendered.tools
     if restore_tool is None:
         tools = (*tools, restore_tool_schema(name))
-        saved -= _schema_tokens(name, count_tokens)
+        saved -= restore_tool_tokens(count_tokens, name)
     if saved <= 0 or saved < edit.clear_at_least:
         return None
     edited = replace(rendered, messages=tuple(out), tools=tools)
     return edited, AppliedEdit(ClearToolUses.type, cleared, saved), name
-
-
-def _schema_tokens(name: str, count_tokens: TokenCount) -> int:
-    """What the restore tool's schema adds to the prompt, in ``count_tokens`` units."""
-    schema = json.dumps(restore_tool_schema(name), separators=(",", ":"))
-    empty = count_tokens(text_message("system", ""))
-    return max(0, count_tokens(text_message("system", schema)) - empty)

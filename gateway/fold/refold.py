@@ -91,6 +91,7 @@ from gateway.fold.restore import (
     parse_restore_spec,
     restore_tool_name,
     restore_tool_schema,
+    restore_tool_tokens,
     text_restore,
 )
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
@@ -132,7 +133,7 @@ class ReFold(Renderer):
         self.dedup = dedup
         self.fold = fold_mode(fold)
         self.count_tokens = count_tokens
-        self._restore_tool_tokens = _tool_tokens(count_tokens)
+        self._restore_tool_tokens = restore_tool_tokens(count_tokens)
 
     def render(
         self, history: Transcript, state: RenderState | None = None, cache: Any = None
@@ -422,12 +423,6 @@ def _json_object(text: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _tool_tokens(count_tokens: TokenCount) -> int:
-    schema = json.dumps(restore_tool_schema(), separators=(",", ":"))
-    empty = count_tokens(text_message("system", ""))
-    return max(0, count_tokens(text_message("system", schema)) - empty)
 
 
 def _is_observation(c: ReFoldCache, m: Message) -> bool:

@@ -9,12 +9,14 @@ history (never from a rendering) and appends the answer as a new turn, listed in
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.fold.renderer import RenderState, step_indices
-from gateway.transcript import Transcript, tool_name
+from gateway.tokens import TokenCount
+from gateway.transcript import Transcript, text_message, tool_name
 
 RESTORE_TOOL_NAME = "restore"
 # The names the gateway's tool takes when a harness has a tool of its own by that name.
@@ -102,3 +104,10 @@ def restore_tool_schema(name: str = RESTORE_TOOL_NAME) -> dict[str, Any]:
             },
         },
     }
+
+
+def restore_tool_tokens(count_tokens: TokenCount, name: str = RESTORE_TOOL_NAME) -> int:
+    """What the restore tool's schema adds to the prompt, in ``count_tokens`` units."""
+    schema = json.dumps(restore_tool_schema(name), separators=(",", ":"))
+    empty = count_tokens(text_message("system", ""))
+    return max(0, count_tokens(text_message("system", schema)) - empty)
