@@ -102,17 +102,24 @@ async def read_all(client: UpstreamClient, url: str) -> list[dict]:
     return [chunk async for chunk in stream]
 
 
+# Timeouts wide enough that a loaded 2-core CI machine answering an immediate chunk never
+# trips them (0.4 s once did); each stalling case overruns its timeout by 1 s.
+TIMEOUT_S = 1.5
+
+
 @pytest.mark.parametrize(
     ("before", "gap", "outcome"),
     [
-        (0.0, 0.1, "ok"),  # 1.3 s in all, far past the idle timeout: no total cap
-        (0.0, 0.6, "idle"),
-        (0.6, 0.0, "first"),
+        (0.0, 0.17, "ok"),  # 1.7 s in all, past the idle timeout: no total cap
+        (0.0, TIMEOUT_S + 1, "idle"),
+        (TIMEOUT_S + 1, 0.0, "first"),
     ],
 )
 async def test_upstream_first_chunk_and_idle_timeouts(before, gap, outcome):
     fake = await StallingUpstream(before, gap, chunks=10).start()
-    client = UpstreamClient(connect_timeout_s=1, first_chunk_timeout_s=0.4, idle_timeout_s=0.4)
+    client = UpstreamClient(
+        connect_timeout_s=1, first_chunk_timeout_s=TIMEOUT_S, idle_timeout_s=TIMEOUT_S
+    )
     try:
         if outcome == "ok":
             chunks = await read_all(client, fake.url)
@@ -126,7 +133,7 @@ async def test_upstream_first_chunk_and_idle_timeouts(before, gap, outcome):
             with pytest.raises(UpstreamError) as err:
                 await read_all(client, fake.url)
             if outcome == "first":
-                assert "no first chunk within 0.4 s" in str(err.value)
+                assert f"no first chunk within {TIMEOUT_S} s" in str(err.value)
                 assert err.value.retryable
             else:
                 assert "stream broke" in str(err.value) and not err.value.retryable
