@@ -379,6 +379,15 @@ def limit_history(dialect: str, items: int) -> tuple[Request, Request]:
     return bodies[0], bodies[1]
 
 
+def rewritten(history: Request) -> Request:
+    """``history`` with its first message's text changed: a re-send that does not extend
+    the previous one (an edited prompt, a harness's own rewrite), under the same session."""
+    body = orjson.loads(history.body)
+    items = body["input"] if "input" in body else body["messages"]
+    items[0] = {**items[0], "content": "an edited first message"}
+    return Request(orjson.dumps(body), history.headers, kind="rewritten-history")
+
+
 # name -> (dialect, request)
 PATHOLOGICAL: dict[str, tuple[str, Callable[[], Request]]] = {
     "slash line in a tool output": ("openai", slash_line_in_tool_output),
