@@ -122,6 +122,10 @@ VLLM_FIELDS: list[tuple[str, Any]] = [
 JUNK: list[Any] = [None, True, -1, 0, 2**40, 1.5, "", "x", [], {}, [None], {"": None}]
 # Text that orjson refuses, or takes as something odd, spliced in place of a value.
 RAW_JUNK = [b"NaN", b"Infinity", b"-0", b"1e999", b"123456789012345678901234567890", b'"\\ud800"']
+LONG = 50_000  # characters of a long run; tens of thousands stalled the loop for minutes
+# Characters whose long runs made regexes backtrack: path and line separators, spaces,
+# brackets, markup, the text of a word.
+RUNS = ["/", " ", "\t", "[", "{", "#", "-", "*", "`", ":", "a", "0", "\\", "é"]
 STRATEGIES = ["refold", "base", "cliff", "mask", "clip", "refold+cliff", "nope", "", "refold+"]
 
 
@@ -170,6 +174,7 @@ class Mutator:
             (5, self.broken_text),
             (3, self.odd_params_header),
             (5, self.vllm_field),
+            (3, self.long_run),
         ]
         self._weights = [w for w, _ in self.mutations]
 
@@ -225,6 +230,16 @@ class Mutator:
             return Request(orjson.dumps(body), [(b"x-foldgate-params", header)], kind="vllm")
         return Request(orjson.dumps(body), kind="vllm")
 
+    def long_run(self, body: dict[str, Any]) -> Request:
+        """A long run of one character (what backtracking regexes choke on) in place of a
+        string of the body, or of any value: a message's text, a tool output, call
+        arguments, an id, a model name."""
+        strings = [(p, k) for p, k in self._nodes(body) if isinstance(p[k], str)]
+        parent, key = self.rng.choice(strings) if strings else self._node(body)
+        run = self.rng.choice(RUNS) * self.rng.choice([2_000, 20_000, LONG])
+        parent[key] = run + self.rng.choice(["", "x", "\n", "]"])
+        return Request(orjson.dumps(body), kind="long-run")
+
     def deep(self, body: dict[str, Any]) -> Request:
         limit = MAX_JSON_DEPTH
         depth = self.rng.choice([limit - 6, limit, limit + 1, 254, 255, 300, 1000, 1023, 5000])
@@ -271,6 +286,11 @@ class Mutator:
 
     def _node(self, body: dict[str, Any]) -> tuple[Any, Any]:
         """A random (container, key) of the body, the top level included."""
+        return self.rng.choice(self._nodes(body))
+
+    @staticmethod
+    def _nodes(body: dict[str, Any]) -> list[tuple[Any, Any]]:
+        """Every (container, key) of the body, the top level included."""
         nodes: list[tuple[Any, Any]] = []
         stack: list[Any] = [body]
         while stack:
@@ -280,7 +300,7 @@ class Mutator:
                 nodes.append((node, key))
                 if isinstance(node[key], dict | list):
                     stack.append(node[key])
-        return self.rng.choice(nodes)
+        return nodes
 
     def _splice(self, body: dict[str, Any], raw: bytes, kind: str) -> Request:
         """The body with ``raw`` JSON text in place of one of its values."""
@@ -296,8 +316,6 @@ class Mutator:
 # --- pathological shapes ---------------------------------------------------------------
 # Valid requests whose cost, in a naive gateway, grows faster than their size: each is
 # served or refused with a 4xx while other clients' requests go on (``test_stall.py``).
-
-LONG = 50_000  # characters of a long run; tens of thousands stalled the loop for minutes
 
 
 def _chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -377,6 +395,15 @@ def limit_history(dialect: str, items: int) -> tuple[Request, Request]:
             body = _chat(history)
         bodies.append(Request(orjson.dumps(body), headers, kind="limit-history"))
     return bodies[0], bodies[1]
+
+
+def rewritten(history: Request) -> Request:
+    """``history`` with its first message's text changed: a re-send that does not extend
+    the previous one (an edited prompt, a harness's own rewrite), under the same session."""
+    body = orjson.loads(history.body)
+    items = body["input"] if "input" in body else body["messages"]
+    items[0] = {**items[0], "content": "an edited first message"}
+    return Request(orjson.dumps(body), history.headers, kind="rewritten-history")
 
 
 # name -> (dialect, request)
