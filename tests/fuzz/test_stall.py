@@ -170,8 +170,12 @@ async def test_resent_history_at_the_limit_beside_other_requests(
             most.append(max(waits))
     for answer in answers:
         assert (answer.status, judge(dialect_name, answer)) == (200, None), answer.body[:300]
-    assert most[0] < STALL_S, f"another client waited {most[0]:.2f} s beside the first"
-    assert most[1] < STALL_S, f"another client waited {most[1]:.2f} s beside the re-send"
+    # Ratios within the run, not wall-clock bounds: a loaded machine slows both sides alike.
+    # Held on the loop, the other client would wait about as long as the first request took.
+    for which, wait in zip(("first", "re-send"), most, strict=True):
+        assert wait < took[0] / 2, (
+            f"another client waited {wait:.2f} s beside the {which}; the first took {took[0]:.2f} s"
+        )
     # The re-send's gateway work is the new turn's; the fake upstream still reads all of it.
     assert took[1] < took[0] / 2, f"re-send {took[1]:.2f} s against {took[0]:.2f} s"
 
@@ -217,10 +221,13 @@ HELD_STEPS = {
 
 @pytest.mark.fuzz
 @pytest.mark.parametrize(
-    ("step", "shape"),
-    [(step, "new") for step in HELD_STEPS] + [("decode", "rewritten"), ("render", "rewritten")],
+    ("dialect_name", "step", "shape"),
+    [("openai", step, "new") for step in HELD_STEPS]
+    + [("openai", "decode", "rewritten"), ("openai", "render", "rewritten")]
+    + [(name, "decode", "new") for name in sorted(DIALECTS) if name != "openai"],
 )
 async def test_other_clients_are_answered_while_a_large_history_is_in_progress(
+    dialect_name,
     step,
     shape,
     fake,  # noqa: F811
@@ -233,8 +240,8 @@ async def test_other_clients_are_answered_while_a_large_history_is_in_progress(
     ``/health`` are answered, and the large one completes once released. Held on the event
     loop, nothing else could run until the hold timed out."""
     config, _ = stall_config(fake, request, monkeypatch)
-    path = DIALECTS["openai"].path
-    first, _ = limit_history("openai", config.max_messages)
+    path = DIALECTS[dialect_name].path
+    first, _ = limit_history(dialect_name, config.max_messages)
     small = Request(
         b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
         [(b"x-session-id", b"the-other-client")],
@@ -251,7 +258,7 @@ async def test_other_clients_are_answered_while_a_large_history_is_in_progress(
         monkeypatch.setattr(owner, name, hold.wrap(getattr(owner, name), size))
         large = asyncio.create_task(post(app, path, first.body, first.headers))
         assert await asyncio.to_thread(hold.started.wait, HOLD_S)
-        other = await post(app, path, small.body, small.headers)
+        other = await post(app, DIALECTS["openai"].path, small.body, small.headers)
         health_status = await health(app)
         hold.release.set()
         answer = await large
@@ -259,4 +266,4 @@ async def test_other_clients_are_answered_while_a_large_history_is_in_progress(
     assert hold.released, f"the {step} step held the event loop: nothing ran beside it"
     assert (other.status, judge("openai", other)) == (200, None), other.body[:300]
     assert health_status == 200
-    assert (answer.status, judge("openai", answer)) == (200, None), answer.body[:300]
+    assert (answer.status, judge(dialect_name, answer)) == (200, None), answer.body[:300]
