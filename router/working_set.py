@@ -34,11 +34,13 @@ PAUSE_QUANTILE = 0.75
 @dataclass(frozen=True, slots=True)
 class Member:
     """A session's share of one replica's pool: ``tokens`` (its last prompt, what its
-    prefix holds there), its requests running there, and when its reservation ends."""
+    prefix holds there), its requests running there, when its reservation ends, and when
+    its last request there ended (vLLM evicts the blocks freed longest ago first)."""
 
     tokens: int
     running: int = 0
     reserved_until: float = 0.0
+    ended_at: float = 0.0
 
     def holds(self, now: float) -> bool:
         """In the working set: a request of it runs, or its reservation lasts."""
@@ -88,6 +90,34 @@ def admits(
     if not holding:
         return True
     return occupied_tokens(room, holding, now) + tokens <= fraction * room.pool_tokens
+
+
+def revoked(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+) -> list[Hashable]:
+    """The paused members whose reservations a request that goes without room (its wait
+    ran out) revokes, so that the set stays what the pool holds: those whose last request
+    ended longest ago first, the order in which vLLM's free queue evicts their blocks
+    (freed blocks join its tail, a new prefill takes from its head), until ``tokens`` fit
+    beside the rest; every paused one when even that is not enough."""
+    holding = {k: m for k, m in members.items() if k != session and m.holds(now)}
+    paused = sorted(
+        (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].ended_at
+    )
+    out: list[Hashable] = []
+    for key in paused:
+        after = occupied_tokens(room, list(holding.values()), now) + tokens
+        if after <= fraction * room.pool_tokens:
+            break
+        out.append(key)
+        del holding[key]
+    return out
 
 
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:

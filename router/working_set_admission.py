@@ -8,7 +8,9 @@ State: per replica, the sessions holding a share of its pool (``Member``); the s
 waiting, each with the replica it waits for and since when (first come first served: a
 request waits behind every earlier one for its replica); each session's recent pauses
 (from a reply's end to its next request), which size its reservation. A request that has
-waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves.
+waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves; the paused
+sessions whose blocks vLLM will evict for it lose their reservations (``revoked``), so the
+set never counts more than the pool holds.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from router.working_set import (
     admits,
     expected_pause_s,
     next_release,
+    occupied_tokens,
     reservation_s,
+    revoked,
 )
 
 # The pause planned for before any session's pause was seen: agents' tool calls take
@@ -91,6 +95,15 @@ class WorkingSetAdmission:
         usage = (candidate.kv_usage if candidate is not None else None) or 0.0
         return Room(pool, int(usage * pool)) if pool else None
 
+    def free_tokens(self, candidate: Candidate, now: float) -> tuple[int, int]:
+        """What the replica's pool has beside its working set, and minus its members: a
+        new session goes where this is most (it evicts the least there)."""
+        room = self.room(candidate)
+        holding = [m for m in self.members.get(candidate.url, {}).values() if m.holds(now)]
+        if room is None:
+            return 0, -len(holding)
+        return room.pool_tokens - occupied_tokens(room, holding, now), -len(holding)
+
     def holds(self, tenant: str, session: str, replica: str, now: float) -> bool:
         """Whether the session is in the replica's working set."""
         member = self.members.get(replica, {}).get((tenant, session))
@@ -114,7 +127,13 @@ class WorkingSetAdmission:
             waited = self.waiting.pop(key, None) is not None
             return AdmissionVerdict(True, "waited" if waited else "admitted")
         if request.waited_s >= self.max_wait_s:
+            # It goes without room: the paused sessions vLLM will evict for it leave the set
+            # (they wait when they are back), so the set stays what the pool holds.
             self.waiting.pop(key, None)
+            for gone in revoked(
+                room, members, key, request.prompt_tokens, now, fraction=self.fraction
+            ):
+                del members[gone]
             return AdmissionVerdict(True, "timed_out")
         self.waiting[key] = (url, since)
         release = next_release(members, now)
@@ -149,7 +168,7 @@ class WorkingSetAdmission:
                 expected = expected_pause_s(self._pauses_of(key).gaps, self._prior())
                 hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
                 until = now + hold
-            updated = Member(member.tokens, max(0, member.running - 1), until)
+            updated = Member(member.tokens, max(0, member.running - 1), until, now)
             if updated.holds(now):
                 members[key] = updated
             else:
