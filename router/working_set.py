@@ -17,18 +17,16 @@ engine step (``reservation_s``); a session idle past its reservation leaves the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.cost import CostModel
 
-# The reservation covers the session's upper-quartile pause times this: a pause a little
+# The reservation covers the session's longest recent pause times this: a pause a little
 # longer than the ones seen still finds its prefix.
 PAUSE_SLACK = 1.5
-# Pauses a session's history keeps (the most recent), and the quantile planned for.
+# Pauses a session's history keeps (the most recent).
 PAUSES_KEPT = 8
-PAUSE_QUANTILE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +126,13 @@ def next_release(members: Mapping[Hashable, Member], now: float) -> float | None
 
 
 def expected_pause_s(pauses: Sequence[float], prior_s: float) -> float:
-    """The pause to plan for: the upper quartile (nearest rank) of the session's recent
-    pauses (request end to its next request); ``prior_s`` before its first."""
-    if not pauses:
-        return prior_s
-    ordered = sorted(pauses)
-    return ordered[max(0, math.ceil(PAUSE_QUANTILE * len(ordered)) - 1)]
+    """The pause to plan for: the longest of the session's recent pauses (request end to
+    its next request); ``prior_s`` before its first. Agents' pauses are bimodal (a quick
+    read, then a tool run of seconds): a quantile plans for the quick ones and drops the
+    prefix in every tool run, the pause whose re-prefill is what the reservation is for;
+    holding longer costs only when the pause is long and another session waits for the
+    room (``reservation_max_s`` bounds it)."""
+    return max(pauses, default=prior_s)
 
 
 def reservation_s(expected_pause: float, tokens: int, cost: CostModel, max_s: float) -> float:

@@ -80,9 +80,9 @@ def test_next_release_is_the_earliest_idle_reservation():
     assert next_release({}, NOW) is None
 
 
-def test_expected_pause_is_the_upper_quartile_of_the_sessions_pauses():
+def test_expected_pause_is_the_longest_of_the_sessions_recent_pauses():
     assert expected_pause_s([], prior_s=4.0) == 4.0
-    assert expected_pause_s([1.0, 2.0, 3.0, 10.0], prior_s=4.0) == 3.0
+    assert expected_pause_s([0.2, 0.1, 5.0, 0.3], prior_s=4.0) == 5.0  # its tool run
     assert expected_pause_s([5.0], prior_s=1.0) == 5.0
 
 
