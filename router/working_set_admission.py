@@ -8,9 +8,10 @@ State: per replica, the sessions holding a share of its pool (``Member``); the s
 waiting, each with the replica it waits for and since when (first come first served: a
 request waits behind every earlier one for its replica); each session's recent pauses
 (from a reply's end to its next request), which size its reservation. A request that has
-waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves; the paused
-sessions whose blocks vLLM will evict for it lose their reservations (``revoked``), so the
-set never counts more than the pool holds.
+waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves. A request
+that goes without room (that one, or a member's whose prefix grew past it) takes the
+reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
+the set never counts more than the pool holds.
 """
 
 from __future__ import annotations
@@ -125,15 +126,12 @@ class WorkingSetAdmission:
             fraction=self.fraction, queued_ahead=ahead,
         ):  # fmt: skip
             waited = self.waiting.pop(key, None) is not None
+            if room is not None:  # a member whose prefix grew past the room
+                self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "waited" if waited else "admitted")
         if request.waited_s >= self.max_wait_s:
-            # It goes without room: the paused sessions vLLM will evict for it leave the set
-            # (they wait when they are back), so the set stays what the pool holds.
             self.waiting.pop(key, None)
-            for gone in revoked(
-                room, members, key, request.prompt_tokens, now, fraction=self.fraction
-            ):
-                del members[gone]
+            self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
         self.waiting[key] = (url, since)
         release = next_release(members, now)
@@ -174,6 +172,15 @@ class WorkingSetAdmission:
             else:
                 del members[key]
         self._expire(now)
+
+    def _revoke(
+        self, room: Room, members: dict[Key, Member], key: Key, tokens: int, now: float
+    ) -> None:
+        """A request goes without room (a member whose prefix grew, or one past the bound):
+        the paused sessions vLLM will evict for it leave the set (they wait when they are
+        back), so the set stays what the pool holds."""
+        for gone in revoked(room, members, key, tokens, now, fraction=self.fraction):
+            del members[gone]
 
     def withdrawn(self, tenant: str, session: str) -> None:
         """A waiting request went away (its client left) before it was admitted."""

@@ -199,6 +199,20 @@ def test_a_request_past_the_bound_takes_the_room_of_the_oldest_paused_session():
     assert not admission.decide(ask("a", 3.8)).admit
 
 
+def test_a_member_whose_prefix_grew_past_the_room_takes_the_oldest_paused_ones():
+    admission = seam(max_wait_s=2.0)
+    go(admission, "a", 0.0, tokens=3_000)
+    go(admission, "b", 0.1, tokens=3_000)
+    go(admission, "c", 0.2, tokens=2_000)
+    admission.ended("t", "a", "r1", 1.0)
+    admission.ended("t", "b", "r1", 1.5)
+    admission.ended("t", "c", "r1", 2.0)
+    go(admission, "c", 2.1, tokens=5_000)  # 3,000 + 3,000 + 5,000 > 9,000: "a" goes
+    assert not admission.holds("t", "a", "r1", 2.2)
+    assert admission.holds("t", "b", "r1", 2.2)
+    assert not admission.decide(ask("a", 2.3)).admit  # back: it waits for room
+
+
 def test_without_reservations_a_paused_session_leaves_the_set():
     admission = seam(reserve=False)
     go(admission, "a", 0.0, tokens=9_000)
