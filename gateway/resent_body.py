@@ -99,6 +99,10 @@ class ResentBodies:
         """Session keys kept."""
         return len(self._slots)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether a previous body's prefix is kept under ``key`` (without using it)."""
+        return key in self._slots
+
     def parse(self, raw: bytes | bytearray, key: Hashable, field: str | None) -> dict[str, Any]:
         """``raw`` parsed as ``parse_object`` parses it. ``key``: the tenant and what the
         request says about its session before its body is read (a cache that makes a reply

@@ -3,7 +3,9 @@ the dialect strategies (``tests/dialects/strategies.py``), then, per request, on
 mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
 (body or header, UTF-8 among them), vLLM's own request fields, deep nesting at any node,
 random nodes replaced or dropped, broken JSON text, odd headers. About a tenth go out
-unmutated (and still pass the checks as valid requests do). Deterministic for a seed."""
+unmutated (and still pass the checks as valid requests do). A fifth are a harness's next
+step: a session's last body grown by more items, half of them mutated so. Deterministic
+for a seed."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Dialect:
     typed: dict[str, list[Any]]
     # Where a body may name its session.
     id_fields: tuple[tuple[str, ...], ...]
+    # The conversation's item array, which a harness re-sends grown by each step.
+    items: str = "messages"
 
 
 _BAD_BOOL = ["false", "true", 0, 1, [], {}]
@@ -89,8 +93,12 @@ DIALECTS = {
             "background": [True],
         },
         (("prompt_cache_key",), ("metadata", "session_id")),
+        "input",
     ),
 }
+# Sessions re-sent step by step (``Mutator.grown``), and the items at which one restarts.
+GROWING = 8
+MAX_GROWN_ITEMS = 24
 
 ODD_IDS = [
     "a\x00b", "a\r\nx-evil: 1", "line\nbreak", "del\x7f", "c1\x85", "tab\tid", "  ",
@@ -177,11 +185,13 @@ class Mutator:
             (3, self.long_run),
         ]
         self._weights = [w for w, _ in self.mutations]
+        self.growing: dict[int, dict[str, Any]] = {}
 
     def next(self) -> Request:
         body = orjson.loads(orjson.dumps(self.rng.choice(self.bodies)))  # a fresh copy
-        (mutate,) = self.rng.choices([m for _, m in self.mutations], self._weights)
-        request = mutate(body)
+        if self.rng.random() < 0.2:
+            return self.grown(body)
+        request = self.mutated(body)
         if self.rng.random() < 0.3:
             strategy = self.rng.choice(STRATEGIES).encode()
             request.headers.append((b"x-foldgate-strategy", strategy))
@@ -191,6 +201,34 @@ class Mutator:
         if self.rng.random() < 0.5:
             session = f"fuzz-{self.rng.randrange(40)}".encode()
             request.headers.append((b"x-session-id", session))
+        return request
+
+    def mutated(self, body: dict[str, Any]) -> Request:
+        (mutate,) = self.rng.choices([m for _, m in self.mutations], self._weights)
+        return mutate(body)
+
+    def grown(self, body: dict[str, Any]) -> Request:
+        """A harness's next step: one of ``GROWING`` sessions re-sends its last body with
+        ``body``'s items after its own (the gateway parses and decodes only those), half the
+        time mutated as any other request is (a bad item, field or byte in the prefix or
+        the new part)."""
+        name, items = self.rng.randrange(GROWING), self.dialect.items
+        last = self.growing.get(name)
+        new = body.get(items)
+        if (
+            last is not None
+            and isinstance(new, list)
+            and isinstance(last.get(items), list)
+            and len(last[items]) + len(new) <= MAX_GROWN_ITEMS
+        ):
+            body = {**last, items: [*last[items], *new]}
+        self.growing[name] = body
+        copy = orjson.loads(orjson.dumps(body))
+        if self.rng.random() < 0.5:
+            request = self.mutated(copy)
+        else:
+            request = Request(orjson.dumps(copy), kind="grown")
+        request.headers.append((b"x-session-id", f"grow-{name}".encode()))
         return request
 
     # --- mutations -------------------------------------------------------------------
