@@ -1,6 +1,6 @@
 """The fuzz suite: generated requests for each dialect (OpenAI chat, Anthropic messages,
 OpenAI Responses) and store backend (SQLite, real Redis), against the gateway's app in this
-process over the FAKE upstream (``loadtests/fake_upstream.py``): 10,000 per dialect against
+process over the FAKE upstream (``loadtests/fake_upstream.py``): 6,000 per dialect against
 each backend in a whole test run (``scripts/test.sh``, what CI runs), 2,000 in the fast loop
 (``FOLDGATE_FUZZ_REQUESTS`` sets the number per dialect and backend).
 
@@ -40,9 +40,9 @@ from tests.fuzz.equivalence import CheckedBodies, CheckedDecodeCache, MirroredSt
 from tests.fuzz.exchange import Answer, error_shape, post, reply_shape
 from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
 
-# Per dialect and backend. The whole suite at 6 x 10,000 takes about 165 s on the 2-core
-# machine (2.7 ms per request in all: generation, gateway, fake upstream, store): the fast
-# loop runs a fifth of it, scripts/test.sh (CI) all of it.
+# Per dialect and backend. With each request's full path beside it (``equivalence.py``) a
+# request costs about 1.6x what it did without, so scripts/test.sh (CI) runs 6,000, the CPU
+# 10,000 took before (6 x 10,000 was about 165 s on the 2-core machine); the fast loop 2,000.
 REQUESTS = int(os.environ.get("FOLDGATE_FUZZ_REQUESTS", "2000"))
 POOL = 40
 CONCURRENCY = int(os.environ.get("FOLDGATE_FUZZ_CONCURRENCY", "4"))
