@@ -31,6 +31,7 @@ from gateway.dialects.volatile import without_volatile
 from gateway.lru import LRU
 from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
+from store.codec import same_value
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
 MAX_MESSAGES = 10_000  # GatewayConfig.max_messages
@@ -212,7 +213,7 @@ class DecodeCache:
             for new, old in zip(raw, previous.raw, strict=False):
                 # A re-sent body's prefix holds the previous body's objects
                 # (``ResentBodies``): identity settles most items without a walk.
-                if new is not old and new != old:
+                if not same_value(new, old):
                     break
                 same += 1
             kept = previous.ends[same - 1] if same else 0

@@ -92,6 +92,25 @@ def decode_blob(data: bytes) -> str:
     raise ValueError(f"corrupt blob: unknown format byte {kind!r}")
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are one value in all the gateway keeps of them:
+    their types (``==`` equates ``0`` with ``0.0`` and ``1`` with ``True``, which encode,
+    store and forward differently) and their key order (a tool call's arguments keep it).
+    Identical objects settle at once, so a re-sent prefix costs a call per item."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return len(a) == len(b) and all(
+            ka == kb and same_value(va, vb)
+            for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+        )
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(same_value, a, b))
+    return a == b
+
+
 def pack(obj: Any) -> bytes:
     """Plain msgpack for small store records (gateway-turn envelopes)."""
     return msgpack.packb(obj, use_bin_type=True)

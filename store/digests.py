@@ -97,15 +97,10 @@ class DigestCache:
         seen = self._seen.pop(key)
         same = 0
         if seen is not None:
-            common = min(len(messages), len(seen.messages))
-            # The list comparison runs in C and settles identical objects by identity.
-            if list(messages[:common]) == seen.messages[:common]:
-                same = common
-            else:
-                for new, old in zip(messages, seen.messages, strict=False):
-                    if new is not old and new != old:
-                        break
-                    same += 1
+            for new, old in zip(messages, seen.messages, strict=False):
+                if not codec.same_value(new, old):  # not ``==``: 0 is not 0.0 here
+                    break
+                same += 1
         if seen is not None and same == len(seen.messages) == len(messages):
             kept = seen  # a re-send of what was prepared last (ingest after lookup)
         else:

@@ -442,3 +442,29 @@ async def test_the_charge_is_the_memory_an_entry_keeps_alive(
     finally:
         await pipeline.store.close()
     assert 0.75 <= charged / freed <= 1.5, (charged, freed)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"), [(0.0, 0), (1, True), ({"a": 1, "b": 2}, {"b": 2, "a": 1})]
+)
+def test_a_resent_item_equal_only_by_python_equality_is_decoded_again(before, after) -> None:
+    """``0 == 0.0``, ``1 == True`` and dicts in another key order compare equal in Python,
+    yet a tool call's arguments carry each differently: the re-sent item is decoded anew,
+    never taken from the previous body (the fuzz suite's full-path check found it)."""
+
+    def body(value: Any) -> dict[str, Any]:
+        use = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"v": value}}
+        return {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [use]},
+            ],
+        }
+
+    cache = DecodeCache()
+    cache.decode(ANTHROPIC, body(before), tenant=TENANT)
+    again = cache.decode(ANTHROPIC, body(after), tenant=TENANT)
+    assert again.transcript == ANTHROPIC.decode(body(after))
+    assert again.stored == [m.to_dict() for m in ANTHROPIC.decode(body(after)).messages]

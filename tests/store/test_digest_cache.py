@@ -51,3 +51,12 @@ def test_growth_and_forks_are_counted_as_held() -> None:
     assert cache.bytes < four
     cache.forget("t", "s")
     assert cache.bytes == 0
+
+
+def test_a_message_equal_only_by_python_equality_gets_its_own_digest() -> None:
+    """``0 == 0.0`` in Python, not in the store's encoding: the second history's digest is
+    its own, not the first's taken over."""
+    cache = DigestCache()
+    cache.prepare("t", "s", [{"role": "user", "meta": {"n": 0.0}}])
+    second = [{"role": "user", "meta": {"n": 0}}]
+    assert cache.prepare("t", "s", second).chains == DigestCache().prepare("t", "s", second).chains
