@@ -74,6 +74,18 @@ from router.registry import ADMISSIONS
     help="The gateway's admission decision (router.registry.ADMISSIONS).",
 )
 @click.option(
+    "--priority/--no-priority",
+    default=False,
+    show_default=True,
+    help="The gateway's upstream_priority, the replicas on vLLM's priority scheduling.",
+)
+@click.option(
+    "--kv-events/--no-kv-events",
+    default=False,
+    show_default=True,
+    help="The gateway's kv_events: what each replica holds of a session, in its hints.",
+)
+@click.option(
     "--strategy",
     "strategies",
     default="base,refold",
@@ -140,6 +152,8 @@ def simulate_command(
     arrival_rate: str | None,
     policies: str,
     admission: str,
+    priority: bool,
+    kv_events: bool,
     strategies: str,
     duration: float,
     warmup: float,
@@ -178,7 +192,7 @@ def simulate_command(
         configs = _cell_configs(
             cost, comma_list(policies), comma_list(strategies), concurrency, arrival_rate,
             replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think, seed=seed,
-            admission=admission,
+            admission=admission, priority=priority, kv_events=kv_events,
         )  # fmt: skip
         replay_config = ReplayConfig(
             strategies=comma_list(strategies), k=k, budget=budget, block_size=cost.block_size
@@ -204,6 +218,8 @@ def simulate_command(
         "think time mean (s)": think,
         "seed": seed,
         "admission": admission,
+        "priority": priority,
+        "kv events": kv_events,
         "trajectories": len(workload.trajectories),
         "tokenizer": workload.tokenizer,
         "shared in cache": share,

@@ -70,6 +70,11 @@ class SimConfig:
     send_times: Mapping[tuple[int, int], float] | None = None
     # The admission seam's implementation (``router.registry.ADMISSIONS``).
     admission: str = "off"
+    # The gateway's ``upstream_priority`` with the replicas on vLLM's priority scheduling.
+    priority: bool = False
+    # The gateway's ``kv_events``: what each replica holds of a session's last prompt,
+    # here exactly (the simulator knows its blocks), in the hints.
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -106,6 +111,7 @@ class _Session:
     base: int  # offset of its own block ids
     step: int = 0
     last_prompt: int | None = None
+    last_ids: np.ndarray | None = None  # its last prompt's block ids
 
     @property
     def key(self) -> str:
@@ -150,11 +156,12 @@ class _Cluster:
             # The gateway's own default, so "sticky" is sticky as deployed today.
             **knobs,
         )
+        # "off": the gateway asks nothing (no working-set step).
+        admission = (
+            None if config.admission == "off" else ADMISSIONS[config.admission](Knobs(**knobs))
+        )
         self.routing = SimRouting(
-            self.policy,
-            self.pool,
-            self.assignments,
-            ADMISSIONS[config.admission](Knobs(**knobs)),
+            self.policy, self.pool, self.assignments, admission, priority=config.priority
         )
         self.reads_chain = isinstance(self.policy, PrefixTreePolicy)
         # Each session's request in flight (a session has one at a time), and the routed
@@ -162,7 +169,8 @@ class _Cluster:
         self.routed: dict[int, Routed] = {}
         self.held: deque[tuple[Routed, SimRequest]] = deque()
         self.engines = [
-            SimReplica.create(i, self.cost, config.seed) for i in range(config.replicas)
+            SimReplica.create(i, self.cost, config.seed, priority=config.priority)
+            for i in range(config.replicas)
         ]
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
@@ -286,40 +294,42 @@ class _Cluster:
         config = self.config
         step = self.workload.runs[(s.trajectory, config.strategy)].steps[s.step]
         ids = np.concatenate([step.head, step.own + s.base]) if len(step.own) else step.head
-        if config.routes is None:
-            routed = self.routing.route(
-                SIM_TENANT,
-                s.key,
-                prompt_tokens=step.prompt_tokens,
-                last_prompt_tokens=s.last_prompt,
-                prefix=step.prefix,
-                now=now,
-                block_chain=ids.tolist() if self.reads_chain else None,
-            )
-        else:
-            replica = self.pool.replicas[config.routes[(s.index, s.step)]]
-            routed = self.routing.replayed(SIM_TENANT, s.key, replica, now)
-        if routed.decision.moved_from is not None and now >= config.warmup_s:
-            self.result.moves += 1
-        req = SimRequest(
-            s.index,
-            self.index_of[routed.replica.url],
-            ids,
-            step.prompt_tokens,
-            step.output_tokens,
-            arrival=now,
-            sent=now,
+        routed = self.routing.prepare(
+            SIM_TENANT,
+            s.key,
+            prompt_tokens=step.prompt_tokens,
+            last_prompt_tokens=s.last_prompt,
+            prefix=step.prefix,
+            now=now,
+            block_chain=ids.tolist() if self.reads_chain else None,
+            resident=self.resident(s) if config.kv_events else None,
         )
+        req = SimRequest(
+            s.index, -1, ids, step.prompt_tokens, step.output_tokens, arrival=now, sent=now
+        )
+        req.priority = routed.priority
         s.last_prompt = step.prompt_tokens
+        s.last_ids = ids
         self.routed[s.index] = routed
-        if self.held:  # first come, first served: behind those already waiting
-            self.held.append((routed, req))
-            return
+        # First come, first served per replica is the admission's (its waiting queue).
         verdict = self.routing.admit(routed, now)
         if not verdict.admit:
             self.hold(now, routed, req, verdict.retry_at)
             return
-        self.dispatch(now, req)
+        self.dispatch(now, routed, req)
+
+    def resident(self, s: _Session) -> dict[str, int]:
+        """Per replica holding any, the tokens of the session's last prompt it holds: what
+        the KV events tell the gateway, here from the blocks themselves."""
+        if s.last_ids is None:
+            return {}
+        bs = self.cost.block_size
+        found = {}
+        for replica, engine in zip(self.pool.replicas, self.engines, strict=True):
+            blocks = engine.pool.hits(s.last_ids, len(s.last_ids))
+            if blocks:
+                found[replica.url] = blocks * bs
+        return found
 
     def hold(self, now: float, routed: Routed, req: SimRequest, retry_at: float | None) -> None:
         """The admission seam holds the request at the gateway."""
@@ -328,19 +338,32 @@ class _Cluster:
             self.push(max(now, retry_at), _RETRY)
 
     def admit_held(self, now: float) -> None:
-        """Ask again for the held requests, in arrival order, until one is refused."""
-        while self.held:
-            routed, req = self.held[0]
+        """Ask again for every held request, in arrival order, as the gateway's waiters
+        all ask again when the admission's state changes (the admission keeps each one's
+        place in its replica's queue)."""
+        held, self.held = self.held, deque()
+        for routed, req in held:
             verdict = self.routing.admit(routed, now)
-            if not verdict.admit:
+            if verdict.admit:
+                self.dispatch(now, routed, req)
+            else:
+                self.held.append((routed, req))
                 if verdict.retry_at is not None:
                     self.push(max(now, verdict.retry_at), _RETRY)
-                return
-            self.held.popleft()
-            self.dispatch(now, req)
 
-    def dispatch(self, now: float, req: SimRequest) -> None:
-        """An admitted request on its way to its replica's engine."""
+    def dispatch(self, now: float, routed: Routed, req: SimRequest) -> None:
+        """An admitted request routed (by the policy, or as a measured run's log says) and
+        on its way to its replica's engine."""
+        config = self.config
+        if config.routes is None:
+            decision = self.routing.route(routed)
+        else:
+            step = self.sessions[req.session].step
+            replica = self.pool.replicas[config.routes[(req.session, step)]]
+            decision = self.routing.replayed(routed, replica)
+        if decision.moved_from is not None and now >= config.warmup_s:
+            self.result.moves += 1
+        req.replica = self.index_of[decision.replica.url]
         if req.sent >= self.config.warmup_s:
             self.result.admission_wait_s.append(now - req.sent)
         if self.cost.per_request_s > 0:
@@ -368,7 +391,7 @@ class _Cluster:
             return  # an end that moved: an arrival cut the decode jump short
         first, done = engine.finish_step(now)
         for req in first:
-            self.routing.accepted(self.routed[req.session])
+            self.routing.accepted(self.routed[req.session], now)
         for req in done:
             self.finished(now, req)
         end = engine.start_step(now)

@@ -133,6 +133,27 @@ def test_a_full_pool_preempts_the_last_request_by_recompute() -> None:
     assert replica.pool.used == 0
 
 
+def test_priority_scheduling_preempts_the_highest_value_and_queues_by_priority() -> None:
+    # The same two requests as above, the first one (arrived first) at priority 1, the
+    # second at 0: under priority scheduling the first is the victim (highest value),
+    # where fcfs preempts the last; waiting requests are taken lower value first.
+    replica = SimReplica.create(0, cost(max_num_batched_tokens=2048), priority=True)
+    replica.pool.ensure(400)
+    first, second = request(45, 0, out=200), request(45, 100, out=200)
+    first.priority = 1
+    replica.add(first)
+    replica.add(second)
+    assert list(replica.waiting) == [second, first]  # (priority, arrival)
+    run_until_idle(replica)
+    assert first.finished is not None and second.finished is not None
+    assert first.preemptions >= 1 and second.preemptions == 0
+    late_low, late_high = request(2, 300), request(2, 320)
+    late_low.priority, late_high.priority = 3, 0
+    replica.add(late_low)
+    replica.add(late_high)
+    assert list(replica.waiting) == [late_high, late_low]
+
+
 def test_a_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
     # 100 blocks. The first request holds 61; the second's first chunk (16 blocks) would
     # fit, its whole prompt (51 blocks) does not: it waits, as vLLM's admission gate makes
@@ -731,7 +752,9 @@ class OneAtATime:
     def started(self, request: AdmissionRequest) -> None:
         self.busy.add(request.replica)
 
-    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
         self.busy.discard(replica)
 
 
