@@ -23,6 +23,7 @@ by the seed and i.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -56,6 +57,9 @@ class SimConfig:
     duration_s: float = 900.0
     warmup_s: float = 120.0
     think_s: float = 5.0
+    # 0: think times exponential with mean ``think_s``; else lognormal with median
+    # ``think_s`` and this sigma (the Locust harness's fallback draw, ``--think-time M:S``).
+    think_sigma: float = 0.0
     scrape_interval_s: float = 2.0
     seed: int = 0
     sessions: int | None = None  # stop starting sessions after this many
@@ -87,7 +91,7 @@ class SimConfig:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError("need 0 <= warmup_s < duration_s")
-        if self.think_s < 0 or self.scrape_interval_s <= 0:
+        if self.think_s < 0 or self.think_sigma < 0 or self.scrape_interval_s <= 0:
             raise ValueError("think_s must be >= 0 and scrape_interval_s positive")
         if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {self.sessions}")
@@ -282,8 +286,17 @@ class _Cluster:
         self.sessions[s.index] = s
         self.started += 1
         # Sessions do not start in lockstep: the first request after one think time.
-        first = now + rng.expovariate(1 / config.think_s) if config.think_s else now
+        first = now + self.think(rng)
         self.push(self.send_time(s, first), _SEND, s.index)
+
+    def think(self, rng: random.Random) -> float:
+        """One think time (a tool's run) from the session's generator."""
+        config = self.config
+        if not config.think_s:
+            return 0.0
+        if config.think_sigma:
+            return rng.lognormvariate(math.log(config.think_s), config.think_sigma)
+        return rng.expovariate(1 / config.think_s)
 
     def send_time(self, s: _Session, t: float) -> float:
         if self.config.send_times is None:
@@ -411,7 +424,7 @@ class _Cluster:
         s.step += 1
         run = self.workload.runs[(s.trajectory, config.strategy)]
         if s.step < len(run.steps):
-            think = s.rng.expovariate(1 / config.think_s) if config.think_s else 0.0
+            think = self.think(s.rng)
             self.push(self.send_time(s, now + think), _SEND, s.index)
         else:
             # The store's TTL would drop the assignment; the policy keeps counting the session
