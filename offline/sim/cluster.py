@@ -348,7 +348,7 @@ class _Cluster:
         """The admission seam holds the request at the gateway."""
         self.held.append((routed, req))
         if retry_at is not None:
-            self.push(max(now, retry_at), _RETRY)
+            self.push(_later(now, retry_at), _RETRY)
 
     def admit_held(self, now: float) -> None:
         """Ask again for every held request, in arrival order, as the gateway's waiters
@@ -362,7 +362,7 @@ class _Cluster:
             else:
                 self.held.append((routed, req))
                 if verdict.retry_at is not None:
-                    self.push(max(now, verdict.retry_at), _RETRY)
+                    self.push(_later(now, verdict.retry_at), _RETRY)
 
     def dispatch(self, now: float, routed: Routed, req: SimRequest) -> None:
         """An admitted request routed (by the policy, or as a measured run's log says) and
@@ -466,6 +466,13 @@ def session_order(workload: Workload, seed: int, *, shuffle: bool = True) -> lis
     if shuffle:
         random.Random(seed).shuffle(order)
     return order
+
+
+def _later(now: float, retry_at: float) -> float:
+    """When to ask again: ``retry_at``, but after ``now``. A deadline computed as
+    ``now + max_wait - waited`` can round to ``now`` itself, and simulated time stands
+    still between events: asking again at ``now`` would repeat forever."""
+    return max(retry_at, math.nextafter(now, math.inf))
 
 
 def _counters(engines: list[SimReplica]) -> tuple[int, int, int]:
