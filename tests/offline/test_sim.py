@@ -18,6 +18,7 @@ from offline.importers import load_trajectories
 from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
+from offline.sim.cli import scaled
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.compare import bucket_bound, read_experiment
 from offline.sim.engine import SimReplica, SimRequest
@@ -782,3 +783,22 @@ def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_comp
     off = run("off")  # the default: every request goes at once
     assert off.requests == 6 * steps and max(off.admission_wait_s) == 0.0
     assert off.window_s < held.window_s
+
+
+def test_a_time_scale_stretches_a_fixed_work_cell_by_its_factor(tmp_path: Path) -> None:
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def run(c: CostModel) -> CellResult:
+        config = SimConfig(policy="sticky", strategy="base", cost=c, replicas=2,
+                           concurrency=4, sessions=4, think_s=0.0, warmup_s=0.0)  # fmt: skip
+        return simulate(workload, config)
+
+    pool = cost(kv_pool_tokens=50_000)
+    base, slow = run(pool), run(scaled(pool, 3.0))
+    assert slow.requests == base.requests
+    assert slow.window_s == pytest.approx(3.0 * base.window_s)
+    assert slow.prefix_hits == base.prefix_hits  # the same schedule, three times as slow
