@@ -16,7 +16,10 @@ text carries its own tag, so no two share it. RSS (``VmRSS`` of the gateway proc
 after a warm-up session and after all sessions; the caches' charged bytes and evictions come
 from the gateway's ``/metrics``. Per shape it prints the RSS growth, the charged bytes, their
 ratio, and whether RSS stayed within the configured cache bounds (``--cache-mb`` each for the
-decode, render and store digest caches) plus ``CONSTANT_MB``.
+decode, render and store digest caches, and the resent bodies' cache, which takes the decode
+cache's bound) plus ``CONSTANT_MB``. A request the gateway sheds (503: at its
+``max_concurrency``, or a replica's overload passed on) is an answer: counted and printed,
+the session goes on with its next request.
 
     .venv/bin/python bench/memory.py [--shapes long,short,tools] [--long-sessions 600]
         [--short-sessions 600] [--tools-sessions 600] [--kb 256] [--messages 600]
@@ -31,6 +34,7 @@ import json
 import sys
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,12 +44,14 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import gateway_argv, post, process, wait_ready
+from bench.harness import gateway_argv, process, wait_ready
 from bench.workload import TOOLS, synthetic_session
 from deploy.cpu.replicas import free_ports
 
 STEPS = 16
 SHAPES = ("long", "short", "tools")
+# Caches bounded by ``--cache-mb`` each: decode, resent bodies, render, store digests.
+CACHES = 4
 # What the gateway holds besides its caches once warm, whatever the number of sessions:
 # the context guard's and routing's per-session state (bounded by entry counts, a few
 # hundred bytes each), the store's SQLite page cache, the allocator's free lists.
@@ -61,6 +67,13 @@ async def serve():
     await asyncio.Event().wait()
 asyncio.run(serve())
 """
+
+
+async def answered(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> int:
+    """POST ``body``; the answer's status (read to its end)."""
+    async with http.post(url, data=body, headers=headers) as resp:
+        await resp.read()
+        return resp.status
 
 
 def rss_mb(pid: int) -> float:
@@ -167,12 +180,13 @@ async def run(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str, Any]
         await wait_ready(f"{gateway}/health", gw, tmp / f"{shape}-gateway.log")
         url = f"{gateway}/v1/chat/completions"
         json_type = {"content-type": "application/json"}
+        statuses: Counter[int] = Counter()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
 
             async def one(index: int) -> None:
                 headers = {**json_type, "x-session-id": f"mem-{index}-{uuid.uuid4().hex[:8]}"}
                 for body in bodies(f"s{index}"):
-                    await post(http, url, body, headers)
+                    statuses[await answered(http, url, body, headers)] += 1
 
             await one(-1)  # warm-up: imports, first-request costs
             before = rss_mb(gw.pid)
@@ -191,7 +205,9 @@ async def run(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str, Any]
         v for k, v in metrics.items() if k.startswith("foldgate_session_cache_bytes")
     ) / (1024 * 1024)
     growth = after - before
-    bound = 3 * args.cache_mb + CONSTANT_MB
+    bound = CACHES * args.cache_mb + CONSTANT_MB
+    if set(statuses) - {200, 503}:
+        raise RuntimeError(f"{shape}: the gateway answered {dict(statuses)}")
     return {
         "shape": shape,
         "sessions": sessions,
@@ -205,6 +221,8 @@ async def run(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str, Any]
         "charged_over_growth": charged_mb / growth if growth > 0 else None,
         "bound_mb": bound,
         "within_bound": growth <= bound,
+        "shed_503": statuses[503],
+        "requests": sum(statuses.values()),
         "metrics": metrics,
     }
 
@@ -246,7 +264,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
             f"(+{r['rss_growth_mb']:.0f} MB, {r['rss_kb_per_session']:.0f} KB per session); "
             f"caches charge {r['charged_mb']:.0f} MB "
             f"(charged/growth {'-' if ratio is None else f'{ratio:.2f}'}); "
-            f"growth {'within' if r['within_bound'] else 'OVER'} bound {r['bound_mb']} MB"
+            f"growth {'within' if r['within_bound'] else 'OVER'} bound {r['bound_mb']} MB; "
+            f"{r['shed_503']} of {r['requests']} requests shed (503)"
         )
         for name, value in sorted(r["metrics"].items()):
             print(f"  {name} {value:g}")

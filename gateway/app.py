@@ -85,6 +85,7 @@ class Gateway:
             yield
         finally:
             await self._pipeline.drain()
+            self._pipeline.offload.close()
             await upstream.close()
             await pool.close()
             await store.close()

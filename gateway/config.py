@@ -139,8 +139,10 @@ class GatewayConfig:
     """Working-set admission: a request of a session outside its replica's working set (the
     sessions whose prefixes fit its KV pool) waits at the gateway, first come first served,
     at most ``admission_max_wait_s`` (``gateway.steps.working_set``)."""
-    admission_max_wait_s: float = 5.0
-    """Longest admission wait; past it the request goes anyway (never refused)."""
+    admission_max_wait_s: float = 30.0
+    """Longest admission wait; past it the request goes anyway (never refused), and the
+    paused sessions vLLM evicts for it leave the set. Long enough for a member to finish or
+    its reservation to end: a request that goes at 5 s overflows the pool."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""

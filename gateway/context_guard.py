@@ -58,6 +58,7 @@ import xxhash
 from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec
+from gateway.lru import LRU
 from gateway.tokens import BYTES_PER_TOKEN
 from gateway.transcript import Transcript
 from gateway.upstream import UpstreamError
@@ -67,6 +68,8 @@ DEFAULT_REPLY_TOKENS = 4096
 PRIOR_RATIO = 1.5
 MARGIN = 0.10
 RATIO_STEP = 1 / 32
+# Sessions whose thresholds are kept, per tenant (least recently rendered out first): one
+# tenant's many sessions must not push another's calibrated and compacted ones out.
 GUARDED_SESSIONS = 4096
 RECENT_RATIOS = 64  # per tenant
 RECENT_TENANTS = 1024  # tenants whose recent ratios are kept, least recently observed out
@@ -157,7 +160,8 @@ class ContextGuard:
         self.renderers = renderers
         self._windows: dict[str, int | None] = {}
         self._learning = asyncio.Lock()
-        self._sessions: OrderedDict[Hashable, _Session] = OrderedDict()
+        # tenant -> its sessions; at most RECENT_TENANTS tenants, as their ratios.
+        self._sessions: LRU[LRU[_Session]] = LRU(RECENT_TENANTS)
         self._recent: OrderedDict[str, deque[float]] = OrderedDict()
 
     # -- the window ---------------------------------------------------------------------
@@ -222,7 +226,7 @@ class ContextGuard:
     def rendered(self, key: tuple[str, Hashable], tokens: int, compacted: bool) -> None:
         """What was sent for session ``key``: its message estimate, and whether its
         rendering holds a compaction."""
-        session = self._sessions.get(key)
+        session = self._known(key)
         if session is None:  # not rendered by the guard: nothing to calibrate
             return
         session.sent = tokens + session.tools
@@ -230,7 +234,7 @@ class ContextGuard:
 
     def observe(self, key: tuple[str, Hashable], usage: Mapping[str, Any]) -> None:
         """A reply's ``usage`` for what ``rendered`` last recorded of session ``key``."""
-        session = self._sessions.get(key)
+        session = self._known(key)
         prompt = usage.get("prompt_tokens")
         if session is None or not session.sent or not isinstance(prompt, int) or prompt <= 0:
             return
@@ -244,7 +248,7 @@ class ContextGuard:
         """The replicas' prompt tokens per estimated token for session ``key`` (its own
         calibration, else its tenant's latest reply's), for counts that must be in the
         model's tokens; None before any reply of the tenant was observed."""
-        session = self._sessions.get(key)
+        session = self._known(key)
         if session is not None and session.ratio is not None:
             return session.ratio
         recent = self._recent.get(key[0])
@@ -260,10 +264,19 @@ class ContextGuard:
         return recent
 
     def _session(self, key: tuple[str, Hashable]) -> _Session:
-        session = self._sessions.get(key)
+        """Session ``key``'s state (made if new), now its tenant's most recently used."""
+        tenant = key[0]
+        sessions = self._sessions.get(tenant)
+        if sessions is None:
+            sessions = LRU(GUARDED_SESSIONS)
+            self._sessions.put(tenant, sessions)
+        session = sessions.get(key)
         if session is None:
-            session = self._sessions[key] = _Session()
-        self._sessions.move_to_end(key)
-        while len(self._sessions) > GUARDED_SESSIONS:
-            self._sessions.popitem(last=False)
+            session = _Session()
+            sessions.put(key, session)
         return session
+
+    def _known(self, key: tuple[str, Hashable]) -> _Session | None:
+        """Session ``key``'s state, if the guard keeps one."""
+        sessions = self._sessions.peek(key[0])
+        return None if sessions is None else sessions.peek(key)

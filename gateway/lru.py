@@ -6,6 +6,9 @@ put with its size, the caller's estimate of what it keeps alive: bytes for cache
 (Python objects cost more than their text, so each cache states its own charge), or 1 for
 a bound by entry count. The least recently used entries go until the total fits.
 
+Large requests' steps run in a worker thread (``gateway.offload``) beside the event loop's:
+each operation holds the map's lock, so the two threads see it whole.
+
 Ground floor: this module imports nothing of the project. What a cache reports (evictions,
 bytes held) goes to callbacks its owner passes, so the serving path's Prometheus series
 and the simulator's plain counters use the same map.
@@ -13,6 +16,7 @@ and the simulator's plain counters use the same map.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
@@ -46,6 +50,7 @@ class LRU(Generic[V]):
         self._entries: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._on_evict = on_evict
         self._on_size = on_size
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,16 +59,17 @@ class LRU(Generic[V]):
         return key in self._entries
 
     def __iter__(self) -> Iterator[Hashable]:
-        """Keys, least recently used first."""
+        """Keys, least recently used first (not locked: for a map only the loop uses)."""
         return iter(self._entries)
 
     def get(self, key: Hashable) -> V | None:
         """The value under ``key`` (now the most recently used), or None."""
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        self._entries.move_to_end(key)
-        return entry[0]
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
 
     def peek(self, key: Hashable) -> V | None:
         """The value under ``key`` without marking it used, or None."""
@@ -72,28 +78,31 @@ class LRU(Generic[V]):
 
     def put(self, key: Hashable, value: V, size: int = 1) -> None:
         """Keep ``value`` as of ``size``; older entries go until all fit."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.size -= old[1]
-        if size <= self.max_size:
-            self._entries[key] = (value, size)
-            self.size += size
-        while self.size > self.max_size:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self.size -= dropped
-            self._on_evict(dropped)
-        self._on_size(self.size)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.size -= old[1]
+            if size <= self.max_size:
+                self._entries[key] = (value, size)
+                self.size += size
+            while self.size > self.max_size:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self.size -= dropped
+                self._on_evict(dropped)
+            self._on_size(self.size)
 
     def pop(self, key: Hashable) -> V | None:
         """Remove ``key``; its value, or None."""
-        entry = self._entries.pop(key, None)
-        if entry is None:
-            return None
-        self.size -= entry[1]
-        self._on_size(self.size)
-        return entry[0]
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return None
+            self.size -= entry[1]
+            self._on_size(self.size)
+            return entry[0]
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.size = 0
-        self._on_size(0)
+        with self._lock:
+            self._entries.clear()
+            self.size = 0
+            self._on_size(0)

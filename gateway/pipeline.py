@@ -43,6 +43,7 @@ from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer
 from gateway.fold.spec import StrategySpec
 from gateway.identity import Caller, identify, requested_strategy, resolve_session
+from gateway.offload import Offload, is_large
 from gateway.request_cache import Decoded
 from gateway.steps import route
 from gateway.steps.account import account, in_background, record
@@ -93,7 +94,8 @@ class Pipeline:
         self.policy = policy
         self.upstream = upstream
         self._accounting: set[asyncio.Task[None]] = set()
-        self.decoder = Decoder(config, store)
+        self.offload = Offload()  # large requests' steps, off the event loop
+        self.decoder = Decoder(config, store, self.offload)
         self.tenants = Tenants(
             config.tenants, salt_secret(config.cache_salt_secret, bool(config.api_keys))
         )
@@ -165,7 +167,12 @@ class Pipeline:
         # The read (which refuses a session over its size cap) before the quota charge, so
         # a request refused there charges nothing either.
         ingested = await lookup(
-            self.store, caller, session, request, stream=bool(body.get("stream"))
+            self.store,
+            caller,
+            session,
+            request,
+            stream=bool(body.get("stream")),
+            offload=self.offload,
         )
         await self.quotas.admit_prompt(caller.tenant, session, request.tokens)
         return ingested
@@ -179,6 +186,19 @@ class Pipeline:
             history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
         return render(self.render, ingested, *history, branch)
 
+    async def rendered_body(
+        self, ingested: Ingested, history: Placed, branch: int | None = None
+    ) -> tuple[Rendering, dict[str, Any]]:
+        """``rendered`` and the upstream body of its rendering; for a long history in the
+        worker thread, after any render of the session already there (``gateway.offload``)."""
+
+        def render_body() -> tuple[Rendering, dict[str, Any]]:
+            rendering = self.rendered(ingested, history, branch)
+            return rendering, self.forward.body(ingested, rendering.transcript)
+
+        large = is_large(len(history[0]), ingested.raw_tokens)
+        return await self.offload.run(large, (ingested.tenant, ingested.session), render_body)
+
     async def start(self, ingested: Ingested, received: float | None = None) -> Started:
         """Render, route and open the upstream; once it accepted (first chunk in hand),
         store the history. Routing, upstream and store errors before the first chunk (for a
@@ -187,8 +207,7 @@ class Pipeline:
         ``received``: when the gateway began the request, for the latency it adds."""
         await self.forward.discover_model()
         history = placed(ingested.transcript.messages, ingested.found.gateway_turns)
-        rendering = self.rendered(ingested, history)
-        body = self.forward.body(ingested, rendering.transcript)
+        rendering, body = await self.rendered_body(ingested, history)
         hints = route.hints(self.policy, ingested, rendering, ingested.found.assignment)
         if received is not None:
             metrics.ADDED_SECONDS.observe(time.perf_counter() - received)
@@ -262,8 +281,8 @@ class Pipeline:
     ) -> tuple[Replica, ChatStream, Rendering]:
         """After a restore: render with the restored content and ask the model again (the
         request's admission still holds)."""
-        rendering = self.rendered(ingested, (restoring.history, restoring.state), stored.branch)
-        body = self.forward.body(ingested, rendering.transcript)
+        history = (restoring.history, restoring.state)
+        rendering, body = await self.rendered_body(ingested, history, stored.branch)
         self.kv.scope(body, ingested, kv)
         hints = route.hints(self.policy, ingested, rendering, stored.assignment)
         replica, stream = await self.forward.open(ingested, body, hints)

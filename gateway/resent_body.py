@@ -39,10 +39,14 @@ MAX_JSON_DEPTH = 128
 # A session's later bodies, sent without a session header, share a key with other
 # sessions of the tenant: this many of them are tried (a 16-byte check each) per key.
 CANDIDATES = 8
-# What an entry keeps alive beyond the text of its items (shared with the decode cache's
-# raw messages while both hold them): its list slot, digest and offsets.
+# What an entry keeps alive, charged as if it held its objects alone (the decode cache
+# charges the same raw messages, and drops them at other times): its digest and offsets;
+# the text, and per container (object or array) and per string what its objects cost
+# besides it (keys are shared, values not), measured with tracemalloc (many short messages
+# keep 5.4x their text alive, long tool outputs 1.04x; tests/gateway/test_lru.py checks it).
 ENTRY_BYTES = 512
-ITEM_BYTES = 64
+CONTAINER_BYTES = 112
+STRING_BYTES = 24
 _CHECK = 16  # bytes before the prefix's end compared before its digest is computed
 _FRAME = b'{"\\u0000":[{}'
 _PLACEHOLDER = "\x00"
@@ -95,6 +99,10 @@ class ResentBodies:
         """Session keys kept."""
         return len(self._slots)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether a previous body's prefix is kept under ``key`` (without using it)."""
+        return key in self._slots
+
     def parse(self, raw: bytes | bytearray, key: Hashable, field: str | None) -> dict[str, Any]:
         """``raw`` parsed as ``parse_object`` parses it. ``key``: the tenant and what the
         request says about its session before its body is read (a cache that makes a reply
@@ -136,10 +144,13 @@ class ResentBodies:
             self._slots.pop(key)
 
 
-def _charge(end: int, items: int) -> int:
-    """What an entry keeps alive: its items' text (at most the bytes they were sent in)
-    and per item the list slot and objects' overhead."""
-    return ENTRY_BYTES + end + items * ITEM_BYTES
+def _charge(raw: bytes | bytearray, start: int, end: int) -> int:
+    """What the objects parsed from ``raw[start:end]`` keep alive: their text (at most the
+    bytes it was sent in) and per container and string their overhead (a bracket or
+    quote inside a string counts too: on the safe side)."""
+    containers = raw.count(b"{", start, end) + raw.count(b"[", start, end)
+    strings = raw.count(b'"', start, end) // 2
+    return end - start + containers * CONTAINER_BYTES + strings * STRING_BYTES
 
 
 def _first(
@@ -160,7 +171,7 @@ def _first(
     head = orjson.loads(bytes(raw[:start]) + b"[]}")
     digest = xxhash.xxh3_128_digest(memoryview(raw)[:end])
     check = bytes(raw[end - _CHECK : end])
-    return _Sent(end, check, digest, head, field, items, _charge(end, len(items)))
+    return _Sent(end, check, digest, head, field, items, ENTRY_BYTES + _charge(raw, 0, end))
 
 
 def _extend(
@@ -192,9 +203,8 @@ def _extend(
         return body, None
     hasher.update(memoryview(raw)[sent.end : end])
     check = bytes(raw[end - _CHECK : end])
-    after = _Sent(
-        end, check, hasher.digest(), sent.head, sent.field, items, _charge(end, len(items))
-    )
+    charge = sent.charge + _charge(raw, sent.end, end)
+    after = _Sent(end, check, hasher.digest(), sent.head, sent.field, items, charge)
     return body, after
 
 

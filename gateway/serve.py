@@ -133,7 +133,9 @@ def serve(
     from gateway.app import create_app
     from gateway.gc_tuning import tune_for_serving
     from gateway.http_server import uvicorn_config
+    from gateway.open_files import open_files_line
 
+    click.echo(open_files_line(config))
     app = create_app(config)
     tune_for_serving()
     uvicorn.Server(uvicorn_config(app, config, host, port)).run()

@@ -98,10 +98,11 @@ def admission_request(
     *,
     now: float,
     since: float,
-    free: Callable[[Candidate], int],
+    free: Callable[[Candidate], tuple[int, int]],
 ) -> AdmissionRequest | None:
     """What is asked for a request about to be routed: its session's replica ``home``
-    when routable, else the candidate with the most ``free`` KV tokens; ``since``: when it
+    when routable, else the candidate with the most ``free`` room (``WorkingSetAdmission.
+    free_tokens``: beside its working set, then the fewest members); ``since``: when it
     first asked. None when no replica is routable (routing answers that)."""
     if not candidates:
         return None

@@ -62,16 +62,22 @@ class Decider:
             replicas=inp.replicas,
             matched=inp.matched,
         )
-        picked = profile.run(ctx, inp.candidates)
-        url = picked.candidate.url
-        turned = profile.rotation if picked.turned else None
+        admitted = inp.hints.admitted
+        if admitted is not None and any(c.url == admitted for c in inp.candidates):
+            url, turned = admitted, None  # working-set admission placed it (RouteHints)
+        else:
+            picked = profile.run(ctx, inp.candidates)
+            url = picked.candidate.url
+            turned = profile.rotation if picked.turned else None
         if self.bound is None:
             return Choice(url, self.name, turned=turned)
         if inp.assignment is None:
             reason = "new"
         elif why is not None:
             reason = why
+        elif url == current:
+            reason = "sticky"
         else:
-            reason = "sticky" if url == current else self.moved_reason
+            reason = "admitted" if url == admitted else self.moved_reason
         moved_from = None if reason == "sticky" else inp.assignment
         return Choice(url, reason, moved_from, turned)

@@ -26,7 +26,11 @@ class RouteHints:
     policy neither reads nor writes it (the gateway shares those round trips with the
     session's history). ``resident_tokens``: per replica URL, how much of the session's
     last prefix the replica still holds, from its KV events (``router.kv_events``); None
-    when the gateway does not follow them.
+    when the gateway does not follow them. ``admitted``: the replica working-set admission
+    let the request into (``router.working_set_admission``: its set counted the request's
+    room there and holds the session's prefix there); the decision takes it while it is a
+    candidate, since a move would re-prefill the prefix elsewhere and overflow a set that
+    did not count it.
     """
 
     prompt_tokens: int = 0
@@ -37,6 +41,7 @@ class RouteHints:
     assignment_read: bool = False
     block_chain: Sequence[int] | None = field(default=None, compare=False)
     resident_tokens: Mapping[str, int] | None = None
+    admitted: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

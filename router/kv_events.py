@@ -136,18 +136,50 @@ class KvIndex:
         self.block_size = 0
         self._chains: dict[str, _Chain] = {}
         self._max_chains = max_chains
+        self._parents: dict[Hashable, Hashable | None] = {}  # held blocks only
+        self._root_salts: dict[Hashable, str | None] = {}  # held block 0s
 
     def apply(self, events: Iterable[KvEvent]) -> None:
         for event in events:
             if isinstance(event, BlockStored):
                 self.held.update(event.block_hashes)
                 self.block_size = event.block_size or self.block_size
+                self._link(event)
                 if event.session_id:
                     self._extend(event.session_id, event)
             elif isinstance(event, BlockRemoved):
                 self.held.difference_update(event.block_hashes)
+                for h in event.block_hashes:
+                    self._parents.pop(h, None)
+                    self._root_salts.pop(h, None)
             else:
                 self.held.clear()
+                self._parents.clear()
+                self._root_salts.clear()
+
+    def _link(self, event: BlockStored) -> None:
+        """Each held block's parent (and block 0's salt), so that a chain whose first
+        blocks another session stored (a shared system prompt) is known from block 0."""
+        parent = event.parent
+        if parent is None and event.block_hashes:
+            self._root_salts[event.block_hashes[0]] = event.first_salt
+        for h in event.block_hashes:
+            self._parents[h] = parent
+            parent = h
+
+    def _walk(self, last: Hashable) -> _Chain | None:
+        """The held chain ending at ``last``, from block 0; None where a link is unknown."""
+        hashes: list[Hashable] = []
+        block: Hashable | None = last
+        while block is not None:
+            if block not in self._parents or len(hashes) > len(self._parents):
+                return None
+            hashes.append(block)
+            block = self._parents[block]
+        root = hashes[-1]
+        if root not in self._root_salts:
+            return None
+        return _Chain(self._root_salts[root], hashes[::-1])
 
     def _extend(self, session: str, event: BlockStored) -> None:
         chain = self._chains.pop(session, None)
@@ -156,8 +188,12 @@ class KvIndex:
         elif chain is not None and event.parent in chain.hashes:
             kept = chain.hashes[: chain.hashes.index(event.parent) + 1]
             chain = _Chain(chain.salt, kept + list(event.block_hashes))
-        else:  # its start was missed (subscribed late): its prefix is unknown
-            chain = _Chain(_UNKNOWN, [])
+        else:  # it continues blocks another request stored (shared, or before this one)
+            start = self._walk(event.parent)
+            if start is None:  # its start was missed (subscribed late): unknown
+                chain = _Chain(_UNKNOWN, [])
+            else:
+                chain = _Chain(start.salt, start.hashes + list(event.block_hashes))
         self._chains[session] = chain  # most recent last
         while len(self._chains) > self._max_chains:
             del self._chains[next(iter(self._chains))]

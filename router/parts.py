@@ -41,6 +41,20 @@ class Picker(Protocol):
     ) -> Picked: ...
 
 
+def best_tied(
+    ctx: RouteContext, candidates: Sequence[Candidate], scores: Sequence[float]
+) -> tuple[list[Candidate], Picked | None]:
+    """The candidates tied at the highest score, and the pick when the session's current
+    replica is among them: it stays on a tie (moving would cost its prefix cache for
+    nothing). A picker breaks the other ties its own way."""
+    best = max(scores)
+    tied = [c for c, s in zip(candidates, scores, strict=True) if s == best]
+    for c in tied:
+        if c.url == ctx.current:
+            return tied, Picked(c, turned=False)
+    return tied, None
+
+
 @dataclass(frozen=True, slots=True)
 class Weighted:
     scorer: Scorer

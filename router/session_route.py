@@ -124,11 +124,15 @@ def session_warm(
     resident: Mapping[str, int] | None,
     holds: Callable[[], bool] | None,
 ) -> bool:
-    """Whether a continuing session's prefix is warm on its replica ``home``: at least half
-    of its last prompt resident there (the KV events' figure), else, without events, its
-    working-set membership (``holds``), else that it continues there at all."""
+    """Whether a continuing session's prefix is warm on its replica ``home``: when anything
+    the gateway knows says it is there (its working-set membership, ``holds``, or at least
+    half of its last prompt resident by the KV events' figure), else, knowing neither,
+    that it continues there at all."""
     if home is None or not last_prompt_tokens:
         return False
+    known = []
+    if holds is not None:
+        known.append(holds())
     if resident is not None and home in resident:
-        return 2 * resident[home] >= last_prompt_tokens
-    return holds() if holds is not None else True
+        known.append(2 * resident[home] >= last_prompt_tokens)
+    return any(known) if known else True

@@ -17,28 +17,28 @@ engine step (``reservation_s``); a session idle past its reservation leaves the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.cost import CostModel
 
-# The reservation covers the session's upper-quartile pause times this: a pause a little
+# The reservation covers the session's longest recent pause times this: a pause a little
 # longer than the ones seen still finds its prefix.
 PAUSE_SLACK = 1.5
-# Pauses a session's history keeps (the most recent), and the quantile planned for.
+# Pauses a session's history keeps (the most recent).
 PAUSES_KEPT = 8
-PAUSE_QUANTILE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
 class Member:
     """A session's share of one replica's pool: ``tokens`` (its last prompt, what its
-    prefix holds there), its requests running there, and when its reservation ends."""
+    prefix holds there), its requests running there, when its reservation ends, and when
+    its last request there ended (vLLM evicts the blocks freed longest ago first)."""
 
     tokens: int
     running: int = 0
     reserved_until: float = 0.0
+    ended_at: float = 0.0
 
     def holds(self, now: float) -> bool:
         """In the working set: a request of it runs, or its reservation lasts."""
@@ -90,6 +90,34 @@ def admits(
     return occupied_tokens(room, holding, now) + tokens <= fraction * room.pool_tokens
 
 
+def revoked(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+) -> list[Hashable]:
+    """The paused members whose reservations a request that goes without room (its wait
+    ran out) revokes, so that the set stays what the pool holds: those whose last request
+    ended longest ago first, the order in which vLLM's free queue evicts their blocks
+    (freed blocks join its tail, a new prefill takes from its head), until ``tokens`` fit
+    beside the rest; every paused one when even that is not enough."""
+    holding = {k: m for k, m in members.items() if k != session and m.holds(now)}
+    paused = sorted(
+        (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].ended_at
+    )
+    out: list[Hashable] = []
+    for key in paused:
+        after = occupied_tokens(room, list(holding.values()), now) + tokens
+        if after <= fraction * room.pool_tokens:
+            break
+        out.append(key)
+        del holding[key]
+    return out
+
+
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:
     """When the earliest reservation of an idle member ends (the set may then take a waiting
     session); None when none is pending."""
@@ -98,12 +126,13 @@ def next_release(members: Mapping[Hashable, Member], now: float) -> float | None
 
 
 def expected_pause_s(pauses: Sequence[float], prior_s: float) -> float:
-    """The pause to plan for: the upper quartile (nearest rank) of the session's recent
-    pauses (request end to its next request); ``prior_s`` before its first."""
-    if not pauses:
-        return prior_s
-    ordered = sorted(pauses)
-    return ordered[max(0, math.ceil(PAUSE_QUANTILE * len(ordered)) - 1)]
+    """The pause to plan for: the longest of the session's recent pauses (request end to
+    its next request); ``prior_s`` before its first. Agents' pauses are bimodal (a quick
+    read, then a tool run of seconds): a quantile plans for the quick ones and drops the
+    prefix in every tool run, the pause whose re-prefill is what the reservation is for;
+    holding longer costs only when the pause is long and another session waits for the
+    room (``reservation_max_s`` bounds it)."""
+    return max(pauses, default=prior_s)
 
 
 def reservation_s(expected_pause: float, tokens: int, cost: CostModel, max_s: float) -> float:

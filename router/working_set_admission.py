@@ -8,7 +8,10 @@ State: per replica, the sessions holding a share of its pool (``Member``); the s
 waiting, each with the replica it waits for and since when (first come first served: a
 request waits behind every earlier one for its replica); each session's recent pauses
 (from a reply's end to its next request), which size its reservation. A request that has
-waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves.
+waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves. A request
+that goes without room (that one, or a member's whose prefix grew past it) takes the
+reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
+the set never counts more than the pool holds.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from router.working_set import (
     admits,
     expected_pause_s,
     next_release,
+    occupied_tokens,
     reservation_s,
+    revoked,
 )
 
 # The pause planned for before any session's pause was seen: agents' tool calls take
@@ -91,6 +96,15 @@ class WorkingSetAdmission:
         usage = (candidate.kv_usage if candidate is not None else None) or 0.0
         return Room(pool, int(usage * pool)) if pool else None
 
+    def free_tokens(self, candidate: Candidate, now: float) -> tuple[int, int]:
+        """What the replica's pool has beside its working set, and minus its members: a
+        new session goes where this is most (it evicts the least there)."""
+        room = self.room(candidate)
+        holding = [m for m in self.members.get(candidate.url, {}).values() if m.holds(now)]
+        if room is None:
+            return 0, -len(holding)
+        return room.pool_tokens - occupied_tokens(room, holding, now), -len(holding)
+
     def holds(self, tenant: str, session: str, replica: str, now: float) -> bool:
         """Whether the session is in the replica's working set."""
         member = self.members.get(replica, {}).get((tenant, session))
@@ -112,9 +126,12 @@ class WorkingSetAdmission:
             fraction=self.fraction, queued_ahead=ahead,
         ):  # fmt: skip
             waited = self.waiting.pop(key, None) is not None
+            if room is not None:  # a member whose prefix grew past the room
+                self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "waited" if waited else "admitted")
         if request.waited_s >= self.max_wait_s:
             self.waiting.pop(key, None)
+            self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
         self.waiting[key] = (url, since)
         release = next_release(members, now)
@@ -149,12 +166,21 @@ class WorkingSetAdmission:
                 expected = expected_pause_s(self._pauses_of(key).gaps, self._prior())
                 hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
                 until = now + hold
-            updated = Member(member.tokens, max(0, member.running - 1), until)
+            updated = Member(member.tokens, max(0, member.running - 1), until, now)
             if updated.holds(now):
                 members[key] = updated
             else:
                 del members[key]
         self._expire(now)
+
+    def _revoke(
+        self, room: Room, members: dict[Key, Member], key: Key, tokens: int, now: float
+    ) -> None:
+        """A request goes without room (a member whose prefix grew, or one past the bound):
+        the paused sessions vLLM will evict for it leave the set (they wait when they are
+        back), so the set stays what the pool holds."""
+        for gone in revoked(room, members, key, tokens, now, fraction=self.fraction):
+            del members[gone]
 
     def withdrawn(self, tenant: str, session: str) -> None:
         """A waiting request went away (its client left) before it was admitted."""

@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .foldgate/logs
-# The fuzz suite at full size here (tests/fuzz/test_fuzz.py; the fast loop runs 2,000).
-export FOLDGATE_FUZZ_REQUESTS="${FOLDGATE_FUZZ_REQUESTS:-10000}"
+stamp() { echo "[scripts/test.sh +${SECONDS}s] $*"; }  # bash counts SECONDS from the start
+# The fuzz suite at full size here (tests/fuzz/test_fuzz.py says why 6,000; the fast loop 2,000).
+export FOLDGATE_FUZZ_REQUESTS="${FOLDGATE_FUZZ_REQUESTS:-6000}"
 declare -A jobs=()
 start_job() {  # name, command...: run in the background, output to .foldgate/logs/<name>.log
   local name=$1
@@ -39,6 +40,12 @@ install_e2e_parts() {
 # Written once the main venv and the system packages are in place.
 ready=.foldgate/logs/main-venv.ready
 rm -f "$ready"
+wait_ready() {  # until the main venv and the system packages are in place
+  until [ -e "$ready" ]; do
+    kill -0 "$$" 2>/dev/null || exit 1  # the main script stopped before its venv was ready
+    sleep 1
+  done
+}
 
 # The end-to-end lane, from the start: its installs, then (whole suite only) its tests in a
 # pytest process of their own once the main venv is ready. The end-to-end tests mostly wait
@@ -49,11 +56,12 @@ whole=$(( $# == 0 ))
 (
   install_e2e_parts
   [ "$whole" -eq 1 ] || exit 0
-  until [ -e "$ready" ]; do
-    kill -0 "$$" 2>/dev/null || exit 1  # the main script stopped before its venv was ready
-    sleep 1
-  done
-  exec .venv/bin/python -m pytest -q --durations=10 -p no:cacheprovider -m e2e
+  wait_ready
+  stamp "end-to-end tests start"
+  code=0
+  .venv/bin/python -m pytest -q --durations=10 -p no:cacheprovider -m e2e || code=$?
+  stamp "end-to-end tests done"
+  exit "$code"
 ) >.foldgate/logs/e2e-lane.log 2>&1 &
 e2e_lane=$!
 
@@ -76,7 +84,30 @@ install_newest() {
   if [ ! -x .venv313/bin/python ]; then "$newest" -m venv .venv313; fi
   .venv313/bin/pip install -q -e '.[test]'
 }
-start_job python3.13 install_newest
+# Python 3.13 runs the serving path's fast tests (dialects, store, gateway, router), where a
+# newer interpreter could change behaviour; the pure renderers, the offline wing, the chart,
+# the fuzz suite (it tests the gateway's answers, not the interpreter) and the end-to-end
+# tests run on 3.11 only. "No tests selected" (exit 5, e.g. only e2e tests were asked for) is
+# not a failure.
+run_newest() {
+  local code=0
+  if ! install_newest >.foldgate/logs/python3.13.log 2>&1; then
+    echo "scripts/test.sh: the Python 3.13 venv failed; its log (.foldgate/logs/python3.13.log):"
+    cat .foldgate/logs/python3.13.log
+    return 1
+  fi
+  wait_ready
+  .venv313/bin/python -m pytest -q -p no:cacheprovider -m "not e2e and not fuzz" \
+    --ignore=tests/e2e --ignore=tests/helm "$@" || code=$?
+  if [ "$code" -eq 5 ]; then code=0; fi
+  return "$code"
+}
+if [ "$whole" -eq 1 ]; then  # its own lane from here: its install, then its tests
+  stamp "3.13 lane starts"
+  ( code=0; run_newest tests/dialects tests/store tests/gateway tests/router || code=$?
+    stamp "3.13 lane done"; exit "$code" ) >.foldgate/logs/python3.13-lane.log 2>&1 &
+  newest_lane=$!
+fi
 
 missing=()
 if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
@@ -89,20 +120,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 touch "$ready"
-
-# Python 3.13 runs the serving path's fast tests (dialects, store, gateway, router), where a
-# newer interpreter could change behaviour; the pure renderers, the offline wing, the chart,
-# the fuzz suite (it tests the gateway's answers, not the interpreter) and the end-to-end
-# tests run on 3.11 only. "No tests selected" (exit 5, e.g. only e2e tests were asked for) is
-# not a failure.
-run_newest() {
-  local code=0
-  finish_job python3.13
-  .venv313/bin/python -m pytest -q -p no:cacheprovider -m "not e2e and not fuzz" \
-    --ignore=tests/e2e --ignore=tests/helm "$@" || code=$?
-  if [ "$code" -eq 5 ]; then code=0; fi
-  return "$code"
-}
+stamp "main venv ready"
 
 lane_status=0
 if [ "$whole" -eq 0 ]; then  # the tests asked for, one run per interpreter
@@ -111,11 +129,20 @@ if [ "$whole" -eq 0 ]; then  # the tests asked for, one run per interpreter
   run_newest "$@"
   exit 0
 fi
+# The whole suite: the 3.11 lane here, beside the end-to-end and 3.13 lanes already running
+# (the 3.13 lane once ran after this one, its four minutes on the critical path). Each lane
+# stamps its start and end, in seconds from the script's start, so a slow run shows which
+# lane held it.
+stamp "3.11 lane starts"
 status=0
 .venv/bin/python -m pytest -q --durations=10 -m "not e2e" || status=$?
-run_newest tests/dialects tests/store tests/gateway tests/router || status=$?
+stamp "3.11 lane done"
+wait "$newest_lane" || status=1
+echo "--- Python 3.13 lane (.foldgate/logs/python3.13-lane.log) ---"
+cat .foldgate/logs/python3.13-lane.log
 wait "$e2e_lane" || lane_status=$?
 echo "--- end-to-end lane: installs, then pytest -m e2e (.foldgate/logs/e2e-lane.log) ---"
 cat .foldgate/logs/e2e-lane.log
+stamp "all lanes done"
 if [ "$status" -ne 0 ]; then exit "$status"; fi
 exit "$lane_status"

@@ -119,13 +119,16 @@ def select_branch(
 MICROCOMPACTED = "[Old tool result content cleared]"
 
 
-def _text(message: Mapping[str, Any]) -> str:
-    return "".join(p.get("text", "") for p in message.get("parts", ()) if p.get("type") == "text")
-
-
 def is_microcompacted(message: Mapping[str, Any]) -> bool:
-    """A tool result (in the store's dict form) that the harness's microcompaction cleared."""
-    return message.get("role") == "tool" and _text(message) == MICROCOMPACTED
+    """A tool result (in the store's dict form) that the harness's microcompaction cleared.
+
+    Asked of every message of every request: the text is joined only when its parts'
+    lengths add up to the placeholder's (else a whole history's text is copied per request).
+    """
+    if message.get("role") != "tool":
+        return False
+    texts = [p.get("text", "") for p in message.get("parts", ()) if p.get("type") == "text"]
+    return sum(map(len, texts)) == len(MICROCOMPACTED) and "".join(texts) == MICROCOMPACTED
 
 
 def microcompacted(

@@ -122,10 +122,8 @@ class Histories(ABC):
         ``shared``: the caller never edits ``messages``' dicts afterwards, so the digest
         cache keeps them instead of copies (``DigestCache.prepare``); the result is the same.
         """
-        check_id("tenant", tenant)
-        check_id("session", session)
         check_assign(assign)
-        history = self.digest_cache.prepare(tenant, session, messages, shared=shared)
+        history = self.pack(tenant, session, messages, shared=shared)
         return await self.store_history(tenant, session, history, self._cap(max_bytes), assign)
 
     async def lookup(
@@ -141,10 +139,18 @@ class Histories(ABC):
         anything (and without refreshing the session's TTL): see ``Lookup``. A session that
         does not exist reads as empty. ``SessionTooLarge`` when that ingest would be refused
         as over the size cap, given what is stored now. ``shared``: as ``ingest``'s."""
+        history = self.pack(tenant, session, messages, shared=shared)
+        return await self.find_history(tenant, session, history, self._cap(max_bytes))
+
+    def pack(
+        self, tenant: str, session: str, messages: Sequence[Message], *, shared: bool = False
+    ) -> PackedHistory:
+        """The sent history packed with its chained digests (``DigestCache.prepare``): the
+        CPU part of ``lookup`` and ``ingest``, which a caller may run ahead, in another
+        thread, for a long history: they then find it packed."""
         check_id("tenant", tenant)
         check_id("session", session)
-        history = self.digest_cache.prepare(tenant, session, messages, shared=shared)
-        return await self.find_history(tenant, session, history, self._cap(max_bytes))
+        return self.digest_cache.prepare(tenant, session, messages, shared=shared)
 
     async def load(
         self, tenant: str, session: str, branch: int | None = None, *, messages: bool = True

@@ -19,9 +19,11 @@ from gateway.config import GatewayConfig
 from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
+from gateway.offload import Offload, is_large
 from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
 from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object
 from gateway.steps.kept import kept_conversation
+from gateway.tokens import BYTES_PER_TOKEN
 from store import SessionStore
 
 # Request fields as a JSON object, for harnesses that can add headers but cannot set
@@ -32,9 +34,10 @@ __all__ = ["MAX_JSON_DEPTH", "PARAMS_HEADER", "Decoder", "read_json", "with_head
 
 
 class Decoder:
-    def __init__(self, config: GatewayConfig, store: SessionStore) -> None:
+    def __init__(self, config: GatewayConfig, store: SessionStore, offload: Offload) -> None:
         self.config = config
         self.store = store
+        self.offload = offload
         self.cache = DecodeCache(config.decode_cache_bytes, config.max_messages)
         self.bodies = ResentBodies(config.decode_cache_bytes, config.max_messages)
 
@@ -56,15 +59,35 @@ class Decoder:
     async def decode(
         self, dialect: Dialect, body: Any, headers: Mapping[str, str], tenant: str
     ) -> Decoded:
-        """``body`` decoded (volatile markers dropped)."""
+        """``body`` decoded (volatile markers dropped); a large one in the worker thread
+        (``gateway.offload``)."""
         previous = dialect.continues(body) if isinstance(body, dict) else None
         if previous is not None:
             session, kept = await kept_conversation(self.store, tenant, previous)
-            return continued(dialect, body, session, kept, self.config.max_messages)
+            large = is_large(len(kept) + _items(dialect, body), _declared_tokens(headers))
+            return await self.offload.run(
+                large, None, continued, dialect, body, session, kept, self.config.max_messages
+            )
         ids = (
             session_ids(headers, body, self.config.session_header) if isinstance(body, dict) else ()
         )
-        return self.cache.decode(dialect, body, ids, tenant=tenant)
+        large = is_large(_items(dialect, body), _declared_tokens(headers))
+        return await self.offload.run(
+            large, None, self.cache.decode, dialect, body, ids, tenant=tenant
+        )
+
+
+def _items(dialect: Dialect, body: Any) -> int:
+    """How many conversation items ``body`` holds, as far as it can tell before decoding."""
+    field = dialect.items_field
+    items = body.get(field) if isinstance(body, dict) and field else None
+    return len(items) if isinstance(items, list) else 0
+
+
+def _declared_tokens(headers: Mapping[str, str]) -> int:
+    """The body's declared length, in estimated tokens (0 when not declared)."""
+    declared = headers.get("content-length", "")
+    return int(declared) // BYTES_PER_TOKEN if declared.isdigit() else 0
 
 
 def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.identity import Caller
+from gateway.offload import Offload, is_large
 from gateway.request_cache import Decoded, MessageMemo
 from gateway.transcript import Message, Transcript
 from store import Assign, Lookup, SessionStore
@@ -93,11 +94,23 @@ class Stored:
 
 
 async def lookup(
-    store: SessionStore, caller: Caller, session: str, request: Decoded, *, stream: bool
+    store: SessionStore,
+    caller: Caller,
+    session: str,
+    request: Decoded,
+    *,
+    stream: bool,
+    offload: Offload | None = None,
 ) -> Ingested:
     """The request with what the store holds for it (one read; nothing written).
     ``SessionTooLarge`` when storing it would take the session past its size cap (the
-    store's, or the tenant's): refused before any upstream serves it."""
+    store's, or the tenant's): refused before any upstream serves it. A long history is
+    packed in ``offload``'s worker thread first (``gateway.offload``): the read finds it
+    packed."""
+    if offload is not None and is_large(len(request.stored), request.tokens):
+        await offload.run(
+            True, None, store.pack, caller.tenant, session, request.stored, shared=True
+        )
     # ``shared``: the decode cache's store dicts, never edited, reused request after request.
     found = await store.lookup(
         caller.tenant, session, request.stored, max_bytes=caller.max_bytes, shared=True

@@ -8,10 +8,11 @@ request goes exactly as without this step):
   replica's figure as its cached prefix, the others' for ``kv_resident``), and every
   upstream request names its session (``session_id``: ``router.kv_events.session_key``).
 - ``admission`` (+ ``pause_reservation``): the working-set wait
-  (``gateway.steps.working_set``).
+  (``gateway.steps.working_set``); the replica it admitted the request to is the one the
+  policy routes to while that is routable (``RouteHints.admitted``).
 - ``upstream_priority``: vLLM's ``priority`` (``gateway.steps.priority``), warm when the
   session is continuing on its replica and its prefix is there as far as the gateway
-  knows (the events' figure; else its working-set membership; else that it continues).
+  knows (its working-set membership or the events' figure; else that it continues).
 """
 
 from __future__ import annotations
@@ -108,15 +109,22 @@ class KvControl:
             if home in resident and hints.cached_prefix_tokens is not None:
                 hints = replace(hints, cached_prefix_tokens=resident[home])
         warm = home is not None and bool(last)
-        if warm and resident is not None and home in resident:
-            warm = 2 * resident[home] >= int(last or 0)
-        elif warm and self.gate is not None:
-            warm = self.gate.holds(ingested.tenant, ingested.session, home or "")
+        if warm and home is not None:
+            # Warm when anything the gateway knows says the prefix is there: its set holds
+            # it (admission keeps it), or the events show at least half of it.
+            known = []
+            if self.gate is not None:
+                known.append(self.gate.holds(ingested.tenant, ingested.session, home))
+            if resident is not None and home in resident:
+                known.append(2 * resident[home] >= int(last or 0))
+            warm = any(known) if known else True
         ticket = None
         if self.gate is not None:
             ticket = await self.gate.admit(
                 ingested.tenant, ingested.session, home, replica_tokens(ingested, hints)
             )
+            if ticket.request is not None:  # the policy places it where its set counted it
+                hints = replace(hints, admitted=ticket.request.replica)
         return Placement(key, hints, warm, ticket)
 
     def scope(self, body: MutableMapping[str, Any], ingested: Ingested, placed: Placement) -> int:

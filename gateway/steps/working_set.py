@@ -3,11 +3,13 @@ waits at the gateway. The decisions and their state are ``router.working_set_adm
 (the simulator runs the same object); this step asks it, and waits.
 
 A request asks for its session's replica (its assignment), or, for a session without one,
-for the routable replica with the most free KV (the policy may place it elsewhere: its
-share then moves there, ``started``). Refused, it waits on an ``asyncio.Event`` that every
-change of the state sets (a request admitted, a reply ended, a waiter gone) or until the
-admission's ``retry_at`` (a reservation ending, its own deadline), then asks again;
-first come first served is the admission's. After ``admission_max_wait_s`` it goes anyway
+for the routable replica with the most room beside its working set (as this gateway
+counts it, the scrape's usage included; ties: the fewest members), where the policy then
+routes it (``RouteHints.admitted``); a failover elsewhere moves its share (``started``).
+Refused, it waits on an ``asyncio.Event`` that every change of the state sets (a request
+admitted, a reply ended, a waiter gone) or until the admission's ``retry_at`` (a
+reservation ending, its own deadline), then asks again; first come first served is the
+admission's. After ``admission_max_wait_s`` it goes anyway
 (``timed_out``): refusing it would only make an agent retry and lose its place, while the
 bound keeps the wait it adds known. One gateway process sees its own requests: several
 processes each keep their own sets (the replicas' scraped usage covers the others').
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from gateway import metrics
 from router import ReplicaPool
 from router.admission_seam import AdmissionRequest
-from router.inputs import Candidate, snapshot
+from router.inputs import snapshot
 from router.working_set_admission import WorkingSetAdmission
 
 
@@ -60,15 +62,11 @@ class WorkingSetGate:
         candidates = tuple(snapshot(r) for r in self.pool.routable())
         if not candidates:
             return None  # routing answers it (no healthy replica)
-        if replica is None or replica not in {c.url for c in candidates}:
-            replica = max(candidates, key=self._free).url
         now = self.clock()
+        if replica is None or replica not in {c.url for c in candidates}:
+            replica = max(candidates, key=lambda c: self.admission.free_tokens(c, now)).url
         waited = now - start
         return AdmissionRequest(tenant, session, replica, tokens, None, candidates, now, waited)
-
-    def _free(self, candidate: Candidate) -> int:
-        room = self.admission.room(candidate)
-        return room.pool_tokens - room.used_tokens if room is not None else 0
 
     async def admit(self, tenant: str, session: str, replica: str | None, tokens: int) -> Ticket:
         """Wait until the session may go to ``replica`` (its assignment; None: where the

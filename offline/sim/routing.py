@@ -16,7 +16,7 @@ compare-and-set, so the simulator decides as the gateway does
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.steps.priority import upstream_priority
 from offline.sim.assignments import MemoryAssignments, run_sync
@@ -64,12 +64,6 @@ class Routed:
         return self.decision.replica
 
 
-def free_tokens(admission: WorkingSetAdmission, candidate: Candidate) -> int:
-    """A replica's free KV tokens as admission sees them (where a new session is asked for)."""
-    room = admission.room(candidate)
-    return room.pool_tokens - room.used_tokens if room is not None else 0
-
-
 class SimRouting:
     def __init__(
         self,
@@ -78,18 +72,18 @@ class SimRouting:
         assignments: MemoryAssignments,
         admission: Admission | None,
         *,
-        free: Callable[[Candidate], int] | None = None,
+        free: Callable[[Candidate, float], tuple[int, int]] | None = None,
         priority: bool = False,
     ) -> None:
         self.policy = policy
         self.pool = pool
         self.assignments = assignments
         self.admission = admission  # None: admission off (the gateway asks nothing)
-        # Where a session without a routable replica is asked for: the most free KV.
+        # Where a session without a routable replica is asked for: the most room beside
+        # the replica's working set (the gateway's ``WorkingSetAdmission.free_tokens``).
         if free is None and isinstance(admission, WorkingSetAdmission):
-            working_set = admission
-            free = lambda c: free_tokens(working_set, c)  # noqa: E731
-        self.free = free or (lambda c: 0)
+            free = admission.free_tokens
+        self.free = free or (lambda c, now: (0, 0))
         self.priority = priority  # the gateway's upstream_priority
 
     def prepare(
@@ -142,7 +136,7 @@ class SimRouting:
             tuple(snapshot(r) for r in self.pool.routable()),
             now=now,
             since=routed.asked_at,
-            free=self.free,
+            free=lambda c: self.free(c, now),
         )
         if request is None:
             return ADMITTED
@@ -150,6 +144,8 @@ class SimRouting:
         if verdict.admit:
             admission.started(request)
             routed.admitted = request
+            # The policy places it where its set counted it (the gateway's KV step).
+            routed.hints = replace(routed.hints, admitted=request.replica)
         return verdict
 
     def route(self, routed: Routed) -> Decision:

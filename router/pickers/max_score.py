@@ -9,7 +9,7 @@ from typing import Self
 
 from router.inputs import Candidate, RouteContext
 from router.knobs import Knobs
-from router.parts import Picked
+from router.parts import Picked, best_tied
 
 
 class MaxScorePicker:
@@ -20,9 +20,7 @@ class MaxScorePicker:
     def pick(
         self, ctx: RouteContext, candidates: Sequence[Candidate], scores: Sequence[float]
     ) -> Picked:
-        best = max(scores)
-        tied = [c for c, s in zip(candidates, scores, strict=True) if s == best]
-        for c in tied:
-            if c.url == ctx.current:
-                return Picked(c, turned=False)
+        tied, current = best_tied(ctx, candidates, scores)
+        if current is not None:
+            return current
         return Picked(tied[(ctx.turn + 1) % len(tied)], turned=True)

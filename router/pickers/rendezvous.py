@@ -9,7 +9,7 @@ from typing import Self
 
 from router.inputs import Candidate, RouteContext
 from router.knobs import Knobs
-from router.parts import Picked
+from router.parts import Picked, best_tied
 from router.pickers.hash_ring import fbi_hash
 
 
@@ -21,11 +21,9 @@ class RendezvousPicker:
     def pick(
         self, ctx: RouteContext, candidates: Sequence[Candidate], scores: Sequence[float]
     ) -> Picked:
-        best = max(scores)
-        tied = [c for c, s in zip(candidates, scores, strict=True) if s == best]
-        for c in tied:
-            if c.url == ctx.current:
-                return Picked(c, turned=False)
+        tied, current = best_tied(ctx, candidates, scores)
+        if current is not None:
+            return current
         # Rust's comparison keeps the first of equal weights.
         weights = [fbi_hash(f"{ctx.session}:{c.url}") for c in tied]
         return Picked(tied[weights.index(max(weights))], turned=False)

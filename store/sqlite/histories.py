@@ -19,6 +19,16 @@ from store.sqlite.database import SQLiteDatabase
 from store.sqlite.ledger import branch_counts
 from store.sqlite.sessions import branch_length, branch_table, need_session, purge, session_id
 
+# An ingest that may write this many new messages runs where a quick call does; one that
+# may write more (a session's first request at the message limit: tens of milliseconds of
+# inserts) on the worker thread.
+QUICK_INGEST_MESSAGES = 256
+
+
+def quick_ingest(history: PackedHistory) -> bool:
+    """Whether storing ``history`` is bounded work: the messages not known stored are few."""
+    return len(history.packed) - (history.known_stored or 0) <= QUICK_INGEST_MESSAGES
+
 
 class SQLiteHistories(Histories):
     db: SQLiteDatabase
@@ -38,7 +48,7 @@ class SQLiteHistories(Histories):
                 return result
             return replace(result, assignment=set_assignment(conn, tenant, session, assign))
 
-        return await self.db.run(write, write=True, quick=True)
+        return await self.db.run(write, write=True, quick=quick_ingest(history))
 
     async def find_history(
         self, tenant: str, session: str, history: PackedHistory, cap: int

@@ -3,7 +3,9 @@ the dialect strategies (``tests/dialects/strategies.py``), then, per request, on
 mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
 (body or header, UTF-8 among them), vLLM's own request fields, deep nesting at any node,
 random nodes replaced or dropped, broken JSON text, odd headers. About a tenth go out
-unmutated (and still pass the checks as valid requests do). Deterministic for a seed."""
+unmutated (and still pass the checks as valid requests do). A fifth are a harness's next
+step: a session's last body grown by more items, half of them mutated so. Deterministic
+for a seed."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Dialect:
     typed: dict[str, list[Any]]
     # Where a body may name its session.
     id_fields: tuple[tuple[str, ...], ...]
+    # The conversation's item array, which a harness re-sends grown by each step.
+    items: str = "messages"
 
 
 _BAD_BOOL = ["false", "true", 0, 1, [], {}]
@@ -89,8 +93,12 @@ DIALECTS = {
             "background": [True],
         },
         (("prompt_cache_key",), ("metadata", "session_id")),
+        "input",
     ),
 }
+# Sessions re-sent step by step (``Mutator.grown``), and the items at which one restarts.
+GROWING = 8
+MAX_GROWN_ITEMS = 24
 
 ODD_IDS = [
     "a\x00b", "a\r\nx-evil: 1", "line\nbreak", "del\x7f", "c1\x85", "tab\tid", "  ",
@@ -122,6 +130,10 @@ VLLM_FIELDS: list[tuple[str, Any]] = [
 JUNK: list[Any] = [None, True, -1, 0, 2**40, 1.5, "", "x", [], {}, [None], {"": None}]
 # Text that orjson refuses, or takes as something odd, spliced in place of a value.
 RAW_JUNK = [b"NaN", b"Infinity", b"-0", b"1e999", b"123456789012345678901234567890", b'"\\ud800"']
+LONG = 50_000  # characters of a long run; tens of thousands stalled the loop for minutes
+# Characters whose long runs made regexes backtrack: path and line separators, spaces,
+# brackets, markup, the text of a word.
+RUNS = ["/", " ", "\t", "[", "{", "#", "-", "*", "`", ":", "a", "0", "\\", "é"]
 STRATEGIES = ["refold", "base", "cliff", "mask", "clip", "refold+cliff", "nope", "", "refold+"]
 
 
@@ -170,13 +182,16 @@ class Mutator:
             (5, self.broken_text),
             (3, self.odd_params_header),
             (5, self.vllm_field),
+            (3, self.long_run),
         ]
         self._weights = [w for w, _ in self.mutations]
+        self.growing: dict[int, dict[str, Any]] = {}
 
     def next(self) -> Request:
         body = orjson.loads(orjson.dumps(self.rng.choice(self.bodies)))  # a fresh copy
-        (mutate,) = self.rng.choices([m for _, m in self.mutations], self._weights)
-        request = mutate(body)
+        if self.rng.random() < 0.2:
+            return self.grown(body)
+        request = self.mutated(body)
         if self.rng.random() < 0.3:
             strategy = self.rng.choice(STRATEGIES).encode()
             request.headers.append((b"x-foldgate-strategy", strategy))
@@ -186,6 +201,34 @@ class Mutator:
         if self.rng.random() < 0.5:
             session = f"fuzz-{self.rng.randrange(40)}".encode()
             request.headers.append((b"x-session-id", session))
+        return request
+
+    def mutated(self, body: dict[str, Any]) -> Request:
+        (mutate,) = self.rng.choices([m for _, m in self.mutations], self._weights)
+        return mutate(body)
+
+    def grown(self, body: dict[str, Any]) -> Request:
+        """A harness's next step: one of ``GROWING`` sessions re-sends its last body with
+        ``body``'s items after its own (the gateway parses and decodes only those), half the
+        time mutated as any other request is (a bad item, field or byte in the prefix or
+        the new part)."""
+        name, items = self.rng.randrange(GROWING), self.dialect.items
+        last = self.growing.get(name)
+        new = body.get(items)
+        if (
+            last is not None
+            and isinstance(new, list)
+            and isinstance(last.get(items), list)
+            and len(last[items]) + len(new) <= MAX_GROWN_ITEMS
+        ):
+            body = {**last, items: [*last[items], *new]}
+        self.growing[name] = body
+        copy = orjson.loads(orjson.dumps(body))
+        if self.rng.random() < 0.5:
+            request = self.mutated(copy)
+        else:
+            request = Request(orjson.dumps(copy), kind="grown")
+        request.headers.append((b"x-session-id", f"grow-{name}".encode()))
         return request
 
     # --- mutations -------------------------------------------------------------------
@@ -224,6 +267,16 @@ class Mutator:
             header = orjson.dumps({name: value})
             return Request(orjson.dumps(body), [(b"x-foldgate-params", header)], kind="vllm")
         return Request(orjson.dumps(body), kind="vllm")
+
+    def long_run(self, body: dict[str, Any]) -> Request:
+        """A long run of one character (what backtracking regexes choke on) in place of a
+        string of the body, or of any value: a message's text, a tool output, call
+        arguments, an id, a model name."""
+        strings = [(p, k) for p, k in self._nodes(body) if isinstance(p[k], str)]
+        parent, key = self.rng.choice(strings) if strings else self._node(body)
+        run = self.rng.choice(RUNS) * self.rng.choice([2_000, 20_000, LONG])
+        parent[key] = run + self.rng.choice(["", "x", "\n", "]"])
+        return Request(orjson.dumps(body), kind="long-run")
 
     def deep(self, body: dict[str, Any]) -> Request:
         limit = MAX_JSON_DEPTH
@@ -271,6 +324,11 @@ class Mutator:
 
     def _node(self, body: dict[str, Any]) -> tuple[Any, Any]:
         """A random (container, key) of the body, the top level included."""
+        return self.rng.choice(self._nodes(body))
+
+    @staticmethod
+    def _nodes(body: dict[str, Any]) -> list[tuple[Any, Any]]:
+        """Every (container, key) of the body, the top level included."""
         nodes: list[tuple[Any, Any]] = []
         stack: list[Any] = [body]
         while stack:
@@ -280,7 +338,7 @@ class Mutator:
                 nodes.append((node, key))
                 if isinstance(node[key], dict | list):
                     stack.append(node[key])
-        return self.rng.choice(nodes)
+        return nodes
 
     def _splice(self, body: dict[str, Any], raw: bytes, kind: str) -> Request:
         """The body with ``raw`` JSON text in place of one of its values."""
@@ -296,8 +354,6 @@ class Mutator:
 # --- pathological shapes ---------------------------------------------------------------
 # Valid requests whose cost, in a naive gateway, grows faster than their size: each is
 # served or refused with a 4xx while other clients' requests go on (``test_stall.py``).
-
-LONG = 50_000  # characters of a long run; tens of thousands stalled the loop for minutes
 
 
 def _chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -377,6 +433,15 @@ def limit_history(dialect: str, items: int) -> tuple[Request, Request]:
             body = _chat(history)
         bodies.append(Request(orjson.dumps(body), headers, kind="limit-history"))
     return bodies[0], bodies[1]
+
+
+def rewritten(history: Request) -> Request:
+    """``history`` with its first message's text changed: a re-send that does not extend
+    the previous one (an edited prompt, a harness's own rewrite), under the same session."""
+    body = orjson.loads(history.body)
+    items = body["input"] if "input" in body else body["messages"]
+    items[0] = {**items[0], "content": "an edited first message"}
+    return Request(orjson.dumps(body), history.headers, kind="rewritten-history")
 
 
 # name -> (dialect, request)

@@ -1,13 +1,16 @@
 """The fuzz suite: generated requests for each dialect (OpenAI chat, Anthropic messages,
 OpenAI Responses) and store backend (SQLite, real Redis), against the gateway's app in this
-process over the FAKE upstream (``loadtests/fake_upstream.py``): 10,000 per dialect against
+process over the FAKE upstream (``loadtests/fake_upstream.py``): 6,000 per dialect against
 each backend in a whole test run (``scripts/test.sh``, what CI runs), 2,000 in the fast loop
 (``FOLDGATE_FUZZ_REQUESTS`` sets the number per dialect and backend).
 
 Every answer must be a reply or a 4xx in the dialect's own shape: no 5xx, no connection
 dropped, and a refused request leaves the store exactly as it was (a backend-level write
 counter, read while nothing else runs and the accounting of earlier replies has landed).
-The figures per dialect and backend are printed at the end of the run (``conftest.py``).
+Every request also goes the full path beside the incremental one (``equivalence.py``):
+the re-sent body parsed whole, decoded whole, its history written to a twin store without
+a digest cache; bodies, transcripts, errors and store contents must be equal. The figures
+per dialect and backend are printed at the end of the run (``conftest.py``).
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from loadtests.fake_upstream import FakeUpstream
 from store import open_store
+from tests.fuzz.equivalence import CheckedBodies, CheckedDecodeCache, MirroredStore
 from tests.fuzz.exchange import Answer, error_shape, post, reply_shape
 from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
 
-# Per dialect and backend. The whole suite at 6 x 10,000 takes about 165 s on the 2-core
-# machine (2.7 ms per request in all: generation, gateway, fake upstream, store): the fast
-# loop runs a fifth of it, scripts/test.sh (CI) all of it.
+# Per dialect and backend. With each request's full path beside it (``equivalence.py``) a
+# request costs about 1.6x what it did without, so scripts/test.sh (CI) runs 6,000, the CPU
+# 10,000 took before (6 x 10,000 was about 165 s on the 2-core machine); the fast loop 2,000.
 REQUESTS = int(os.environ.get("FOLDGATE_FUZZ_REQUESTS", "2000"))
 POOL = 40
 CONCURRENCY = int(os.environ.get("FOLDGATE_FUZZ_CONCURRENCY", "4"))
@@ -108,7 +112,16 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
     )
     # The store's 2 s call timeout answers 503 when a loaded machine starves the event loop;
     # outages are the fault tests' subject, answers to hostile input this one's.
-    monkeypatch.setattr(gateway.app, "open_store", functools.partial(open_store, timeout_s=30))
+    # Every history call is repeated on a twin store without a digest cache (the full path).
+    twin_options = {"namespace": "fgfull"} if backend == "redis" else {}
+    twin_url = store_url if backend == "redis" else f"sqlite:///{folder}/full.db"
+    mismatches: list[str] = []
+
+    def mirrored(url: str, **options: object) -> MirroredStore:
+        twin = open_store(twin_url, timeout_s=30, digest_cache_bytes=0, **twin_options)
+        return MirroredStore(open_store(url, **{**options, "timeout_s": 30}), twin, mismatches)
+
+    monkeypatch.setattr(gateway.app, "open_store", mirrored)
     started = time.perf_counter()
     seed = zlib.crc32(f"{dialect_name}/{backend}/{SEED}".encode())
     mutator = Mutator(dialect, bodies(dialect_name), seed=seed)
@@ -128,6 +141,12 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
             sqlite_writes(folder / "store.db") if backend == "sqlite" else redis_writes(store_url)
         )
         pipeline = app.state.pipeline
+        # Each parse and decode beside the full path's.
+        decoder = pipeline.decoder
+        decoder.bodies = CheckedBodies(config.decode_cache_bytes, config.max_messages, mismatches)
+        decoder.cache = CheckedDecodeCache(
+            config.decode_cache_bytes, config.max_messages, mismatches
+        )
         send = functools.partial(post, app, dialect.path)
         checked = 0  # refused requests seen to leave the store as it was
         unchecked: list[int] = []  # refused, but beside a request that wrote
@@ -165,6 +184,8 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
             checked += 1
             if writes() != before:
                 failed(n, requests[n], answer, "a refused request wrote to the store")
+        await pipeline.drain()
+        await pipeline.store.compare(config.default_tenant)
     elapsed = time.perf_counter() - started
     RESULTS.append(
         {
@@ -181,6 +202,9 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         }
     )
     assert not failures, f"{len(failures)} failures, first: " + "\n".join(failures[:10])
+    assert not mismatches, f"{len(mismatches)} differences from the full path, first: " + "\n".join(
+        mismatches[:10]
+    )
     assert sum(statuses.values()) == REQUESTS
     refused_total = sum(c for s, c in statuses.items() if 400 <= s < 500)
     assert checked >= 0.95 * refused_total, "refused requests were checked against the store"

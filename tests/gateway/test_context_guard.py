@@ -253,6 +253,28 @@ async def test_a_tenants_replies_calibrate_only_its_own_new_sessions(
     assert first_threshold("t1", "new") == threshold(WINDOW, 1_000, rounded_ratio(2.0), 0)
 
 
+async def test_one_tenants_many_sessions_keep_another_tenants_session() -> None:
+    """The sessions the guard keeps are bounded per tenant: a tenant opening many sessions
+    pushes out its own oldest, never another tenant's calibrated, compacted one."""
+    guard, _ = guard_over({"http://a": WINDOW})
+    await guard.learn("m")
+    guard.renderer(("quiet", "q"), "refold", request(1_000))
+    guard.rendered(("quiet", "q"), 1_000, compacted=True)
+    guard.observe(("quiet", "q"), {"prompt_tokens": 2_510})
+    guard.renderer(("noisy", "n0"), "refold", request(1_000))
+    guard.rendered(("noisy", "n0"), 1_000, compacted=False)
+    guard.observe(("noisy", "n0"), {"prompt_tokens": 2_010})
+    assert guard.prompt_ratio(("noisy", "n0")) == rounded_ratio(2.01) != 2.01
+    for index in range(1, context_guard.GUARDED_SESSIONS + 1):
+        guard.renderer(("noisy", f"n{index}"), "refold", request(1_000))
+    assert guard.prompt_ratio(("quiet", "q")) == rounded_ratio(2.51)
+    # A compacted session's threshold only goes down: a bigger reply room keeps it.
+    kept = cliff_of(guard.renderer(("quiet", "q"), "refold", request(100))).threshold
+    assert kept == threshold(WINDOW, 1_000, rounded_ratio(2.51), 0)
+    # The noisy tenant's own oldest session went: it reads its tenant's latest reply.
+    assert guard.prompt_ratio(("noisy", "n0")) == 2.01
+
+
 async def test_usage_without_a_guarded_render_calibrates_nothing() -> None:
     guard, _ = guard_over({"http://a": WINDOW})
     await guard.learn("m")

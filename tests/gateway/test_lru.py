@@ -7,6 +7,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway import metrics
@@ -14,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.dialects.openai_chat import OPENAI_CHAT as OPENAI
 from gateway.lru import LRU
 from gateway.pipeline import Pipeline
+from gateway.resent_body import ResentBodies
 from gateway.steps.render import CACHE_ENTRY_BYTES
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
@@ -194,3 +196,31 @@ async def test_many_short_messages_are_charged_what_they_keep_alive(
 async def test_a_strategy_without_a_cache_charges_only_its_entry(tmp_path: Path) -> None:
     charged, freed, entries = await memory_held("render", "base", tmp_path)
     assert charged == entries * CACHE_ENTRY_BYTES and freed < charged
+
+
+@pytest.mark.parametrize("history", [short_messages, agent_session])
+def test_resent_bodies_charge_what_their_objects_keep_alive(
+    history: Callable[[str, int], list[dict]],
+) -> None:
+    """The parsed prefixes a session's next body reuses (``ResentBodies``) are charged as
+    if nothing else held them: the decode cache drops the same raw messages at other
+    times, and what is left must still be counted (many short messages cost several times
+    their text)."""
+    bodies = ResentBodies(1 << 40, 100_000)
+    raw = [orjson.dumps({"model": "m", "messages": history(tag, 12)}) for tag in "abcd"]
+    bodies.parse(orjson.dumps({"model": "m", "messages": history("warm", 12)}), "w", "messages")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for tag, body in zip("abcd", raw, strict=True):
+            bodies.parse(body, tag, "messages")
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        charged = bodies._slots.size - bodies._slots.peek("w")[0].charge
+        for tag in "abcd":
+            bodies._slots.pop(tag)
+        gc.collect()
+        freed = held - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert 1.0 <= charged / freed <= 1.5, (charged, freed)

@@ -93,8 +93,12 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
               ("admitted", "waited", "timed_out")}  # fmt: skip
     reply = ScriptedReply(content="ok", first_chunk_delay_s=0.3)
     _, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
-    # Every session completed every step.
+    # Every session completed every step, each on the one replica admission placed it on
+    # (new sessions spread over both by the room beside their sets; no member moved).
     assert [len(log) for log in logs] == [STEPS] * SESSIONS
+    homes = [{r["replica"] for r in log} for log in logs]
+    assert all(len(h) == 1 for h in homes), homes
+    assert len(set().union(*homes)) == 2, homes
     waits = [r["admission_wait_s"] for log in logs for r in log]
     # Twice as many sessions as fit: some waited, and none longer than the bound.
     assert max(waits) > 0.05, waits

@@ -9,7 +9,7 @@ requests, for the same replicas, in the same order and at the same times."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.steps.working_set import Ticket, WorkingSetGate
 from offline.sim.assignments import MemoryAssignments
@@ -17,6 +17,7 @@ from offline.sim.routing import Routed, SimRouting
 from router import ReplicaMetrics, ReplicaPool, get_preset, make_policy
 from router.failover import with_failover
 from router.replica import Replica
+from router.session_route import route_hints
 from router.working_set_admission import WorkingSetAdmission
 from store import Assign
 
@@ -90,7 +91,15 @@ async def through_the_gateway(events: list[Send | End]) -> list[Admitted]:
             assignments.write(TENANT, session, _assign(replica.url, home))
             return replica
 
-        replica = await with_failover(policy, replicas, TENANT, session, attempt)
+        # The pipeline's hints (gateway.steps.route.hints), placed where admission counted
+        # the session (gateway.steps.kv: RouteHints.admitted).
+        hints = route_hints(
+            policy, TENANT, prompt_tokens=tokens, last_prompt_tokens=None, assignment=home,
+            prefix=lambda: None,
+        )  # fmt: skip
+        if ticket.request is not None:
+            hints = replace(hints, admitted=ticket.request.replica)
+        replica = await with_failover(policy, replicas, TENANT, session, attempt, hints=hints)
         replica.started()  # in flight until the reply's end
         assert ticket.request is not None
         admitted.append((int(clock[0]), session, ticket.request.replica, ticket.outcome))

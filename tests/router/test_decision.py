@@ -55,6 +55,25 @@ def test_a_bound_session_stays_within_the_margin_and_moves_past_it() -> None:
     assert (new.url, new.reason, new.moved_from) == (b, "new", None)
 
 
+def test_the_replica_admission_let_the_request_into_is_taken_while_it_is_a_candidate() -> None:
+    a, b, _ = URLS
+    decider = sticky()
+    busy_a = (view(a, 9), view(b, 0))  # on load alone the session would move to b
+    held = RouteHints(admitted=a)
+    assert decider.decide(RouteInput("t", "s", held, busy_a, frozenset(URLS), assignment=a)) == (
+        Choice(a, "sticky")
+    )
+    new = decider.decide(RouteInput("t", "s", held, busy_a, frozenset(URLS)))
+    assert (new.url, new.reason) == (a, "new")
+    # Admitted elsewhere than its assignment: it moves there, and says why.
+    moved = decider.decide(RouteInput("t", "s", RouteHints(admitted=b), (view(a), view(b, 5)),
+                                      frozenset(URLS), assignment=a))  # fmt: skip
+    assert (moved.url, moved.reason, moved.moved_from) == (b, "admitted", a)
+    # Not a candidate (failover excluded it, or it is unhealthy): the policy decides.
+    gone = decider.decide(RouteInput("t", "s", held, (view(b),), frozenset(URLS), exclude={a}))
+    assert gone.url == b
+
+
 def test_why_an_assigned_replica_cannot_keep_its_session() -> None:
     a, b, _ = URLS
     decider = sticky()

@@ -98,6 +98,21 @@ def test_a_chain_whose_start_was_missed_counts_for_nobody():
     assert index.resident_tokens("fg-s2", None) == 0
 
 
+def test_a_chain_that_continues_another_sessions_blocks_is_known_from_block_zero():
+    """A session whose first blocks another session stored (the same agent's system
+    prompt): vLLM stores only its new blocks, parented on the shared one."""
+    index = KvIndex()
+    shared, own = b"p" * 32, (b"q" * 32, b"r" * 32)
+    index.apply([BlockStored((shared,), None, 4, SALT, "fg-s1")])
+    index.apply([BlockStored(own, shared, 4, None, "fg-s2")])
+    assert index.resident_tokens("fg-s2", SALT) == 12
+    assert index.resident_tokens("fg-s2", "b" * 64) == 0  # the shared block's salt counts
+    index.apply([BlockRemoved((shared,))])
+    assert index.resident_tokens("fg-s2", SALT) == 0
+    index.apply([BlockStored((b"z" * 32,), shared, 4, None, "fg-s3")])  # its link is gone
+    assert index.resident_tokens("fg-s3", SALT) == 0
+
+
 def test_session_keys_are_opaque_and_apart_across_tenants():
     assert session_key("a", "bc") != session_key("ab", "c")
     key = session_key("tenant", "session")
