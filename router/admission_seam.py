@@ -1,16 +1,23 @@
 """The admission seam: whether a routed request may go to its replica now.
 
-Issue 20's working-set admission plugs in here. An ``Admission`` is asked after the policy
-chose a replica and before the request counts in flight there (``AdmissionVerdict``); it is
-registered by name in ``router.registry.ADMISSIONS``, and ``AdmitAll`` ("off") is today's
-behaviour. The gateway awaits the answer through ``router.with_failover(admit=...)``; the
-simulator (``offline.sim.routing``) parks a refused request at its gateway and asks again at
-``retry_at`` and at every reply end. ``decide`` is pure: ``now`` comes in with the request.
+Issue 20's working-set admission plugs in here. An ``Admission`` is registered by name in
+``router.registry.ADMISSIONS``; ``AdmitAll`` ("off") is today's behaviour. ``decide`` is
+pure: ``now`` comes in with the request.
+
+One order for the gateway (``gateway.steps.working_set``, from the pipeline's KV step) and
+the simulator (``offline.sim.routing``): the request is asked about *before* the policy
+routes it, for the session's own replica (its assignment) or, without one that is
+routable, for the replica with the most free KV (``admission_request``); refused, it waits
+at the gateway and is asked again at ``retry_at`` and whenever the admission's state
+changes; admitted, ``started``; once a replica accepted it (the first chunk), where the
+policy placed it elsewhere its share moves there (``relocate``); at its reply's end,
+``ended``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol, Self
 
 from router.inputs import Candidate
@@ -55,8 +62,11 @@ class Admission(Protocol):
         """``request`` was admitted and sent."""
         ...
 
-    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
-        """A reply of the session on ``replica`` ended."""
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
+        """A reply of the session on ``replica`` ended (``served``: answered; else it
+        failed, or its share moved to another replica)."""
         ...
 
 
@@ -73,5 +83,44 @@ class AdmitAll:
     def started(self, request: AdmissionRequest) -> None:
         return None
 
-    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
         return None
+
+
+def admission_request(
+    tenant: str,
+    session: str,
+    home: str | None,
+    prompt_tokens: int,
+    candidates: Sequence[Candidate],
+    *,
+    now: float,
+    since: float,
+    free: Callable[[Candidate], tuple[int, int]],
+) -> AdmissionRequest | None:
+    """What is asked for a request about to be routed: its session's replica ``home``
+    when routable, else the candidate with the most ``free`` room (``WorkingSetAdmission.
+    free_tokens``: beside its working set, then the fewest members); ``since``: when it
+    first asked. None when no replica is routable (routing answers that)."""
+    if not candidates:
+        return None
+    urls = {c.url for c in candidates}
+    replica = home if home is not None and home in urls else max(candidates, key=free).url
+    return AdmissionRequest(
+        tenant, session, replica, prompt_tokens, None, tuple(candidates), now, now - since
+    )
+
+
+def relocate(
+    admission: Admission, request: AdmissionRequest, url: str, now: float
+) -> AdmissionRequest:
+    """The replica ``url`` accepted the admitted ``request``: where the policy placed it
+    elsewhere than admission looked, its share moves there. The request in force after."""
+    if request.replica == url:
+        return request
+    admission.ended(request.tenant, request.session, request.replica, now, served=False)
+    moved = replace(request, replica=url, now=now)
+    admission.started(moved)
+    return moved

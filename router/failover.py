@@ -49,7 +49,6 @@ async def with_failover(
     max_attempts: int = 3,
     hints: RouteHints | None = None,
     streamed: bool = False,
-    admit: Callable[[Replica], Awaitable[None]] | None = None,
 ) -> T:
     """Route and run `attempt`, retrying retryable failures on replicas not yet tried.
 
@@ -59,8 +58,6 @@ async def with_failover(
     ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
     ``streamed``: `attempt` returns a reply still being read (its first chunk in hand); its
     success is not reported here but by `reading_reply` around the rest of it.
-    ``admit``: the admission seam (``router.admission_seam``), awaited once the policy chose
-    a replica and before the request counts in flight there, as the simulator asks it.
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -74,8 +71,6 @@ async def with_failover(
                 raise
             raise last from None
         replica = decision.replica
-        if admit is not None:
-            await admit(replica)
         if tried:
             FAILOVER_RETRIES.inc()
         tried.append(replica.url)

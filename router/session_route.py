@@ -16,15 +16,17 @@ share at the start of their prompts (the tool schemas and the leading system mes
 scoped by tenant (the replicas' ``cache_salt`` keeps tenants' caches apart, so a prefix is
 never shared across tenants), and its size in the gateway's token estimate.
 
-Between the decision and the in-flight count both callers ask the admission seam
-(``router.admission_seam``) whether the request may go now.
+Before the decision both callers ask the admission seam (``router.admission_seam``)
+whether the request may go now. ``with_resident`` and ``session_warm``: what the replicas'
+KV (the gateway's KV events, the simulator's exact blocks) adds to the hints, and whether
+the session runs at vLLM's warm priority.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens, serialize_tools
 from gateway.transcript import Transcript
@@ -100,3 +102,37 @@ def assignment_write(
     if not isinstance(chosen, AssignedSessionPolicy):
         return None
     return Assign(replica, expected=expected, ttl_s=chosen.ttl_s)
+
+
+def with_resident(
+    hints: RouteHints, home: str | None, resident: Mapping[str, int] | None
+) -> RouteHints:
+    """The hints with what each replica holds of the session's last prefix (``resident``,
+    None without KV events): for the ``kv_resident`` scorer, and as the cached prefix on
+    its own replica ``home`` where the policy prices moves with it."""
+    if resident is None:
+        return hints
+    hints = replace(hints, resident_tokens=dict(resident))
+    if home in resident and hints.cached_prefix_tokens is not None:
+        hints = replace(hints, cached_prefix_tokens=resident[home])
+    return hints
+
+
+def session_warm(
+    home: str | None,
+    last_prompt_tokens: int | None,
+    resident: Mapping[str, int] | None,
+    holds: Callable[[], bool] | None,
+) -> bool:
+    """Whether a continuing session's prefix is warm on its replica ``home``: when anything
+    the gateway knows says it is there (its working-set membership, ``holds``, or at least
+    half of its last prompt resident by the KV events' figure), else, knowing neither,
+    that it continues there at all."""
+    if home is None or not last_prompt_tokens:
+        return False
+    known = []
+    if holds is not None:
+        known.append(holds())
+    if resident is not None and home in resident:
+        known.append(2 * resident[home] >= last_prompt_tokens)
+    return any(known) if known else True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -74,6 +75,18 @@ from router.registry import ADMISSIONS
     help="The gateway's admission decision (router.registry.ADMISSIONS).",
 )
 @click.option(
+    "--priority/--no-priority",
+    default=False,
+    show_default=True,
+    help="The gateway's upstream_priority, the replicas on vLLM's priority scheduling.",
+)
+@click.option(
+    "--kv-events/--no-kv-events",
+    default=False,
+    show_default=True,
+    help="The gateway's kv_events: what each replica holds of a session, in its hints.",
+)
+@click.option(
     "--strategy",
     "strategies",
     default="base,refold",
@@ -94,6 +107,49 @@ from router.registry import ADMISSIONS
     default=5.0,
     show_default=True,
     help="Mean think time (tool execution) between a reply and the next request, seconds.",
+)
+@click.option(
+    "--think-sigma",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="0: think times exponential with mean --think; else lognormal with median --think "
+    "and this sigma (the Locust harness's --think-time MEDIAN:SIGMA).",
+)
+@click.option(
+    "--kv-pool-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="KV pool per replica in tokens, in place of the preset's [default: the preset's].",
+)
+@click.option(
+    "--time-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Multiply the preset's time terms (engine step, serving path) by this: a measured "
+    "run's replicas slowed by what shared their cores, fitted to its pace.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Fixed work: stop starting sessions after this many, each replaying the "
+    "trajectories in the order loaded (as Locust user i replays the i-th) [default: "
+    "sessions without end, in a seeded order].",
+)
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay only each trajectory's first N steps [default: all].",
+)
+@click.option(
+    "--max-output-tokens",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="Cap on each reply's tokens (the Locust harness's decode cap).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -140,10 +196,18 @@ def simulate_command(
     arrival_rate: str | None,
     policies: str,
     admission: str,
+    priority: bool,
+    kv_events: bool,
     strategies: str,
     duration: float,
     warmup: float,
     think: float,
+    think_sigma: float,
+    kv_pool_tokens: int | None,
+    time_scale: float,
+    sessions: int | None,
+    max_steps: int | None,
+    max_output_tokens: int,
     seed: int,
     share: str,
     strict: bool,
@@ -174,11 +238,16 @@ def simulate_command(
     """
     console = Console(stderr=True)
     cost = get_preset(preset)
+    if kv_pool_tokens is not None:
+        cost = cost.with_pool(kv_pool_tokens)
+    if time_scale != 1.0:
+        cost = scaled(cost, time_scale)
     try:
         configs = _cell_configs(
             cost, comma_list(policies), comma_list(strategies), concurrency, arrival_rate,
-            replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think, seed=seed,
-            admission=admission,
+            replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think,
+            think_sigma=think_sigma, seed=seed, admission=admission, priority=priority,
+            kv_events=kv_events, sessions=sessions, shuffle=sessions is None,
         )  # fmt: skip
         replay_config = ReplayConfig(
             strategies=comma_list(strategies), k=k, budget=budget, block_size=cost.block_size
@@ -190,7 +259,7 @@ def simulate_command(
     started = time.perf_counter()
     workload, results = _render_and_simulate(
         trajectories, chat, replay_config, configs, share=share, fold=fold, jobs=jobs,
-        console=console,
+        console=console, max_steps=max_steps, max_output_tokens=max_output_tokens,
     )  # fmt: skip
     done = [r for r in results if r is not None]
     elapsed = time.perf_counter() - started
@@ -200,10 +269,15 @@ def simulate_command(
         "kv pool per replica (tokens)": f"{cost.kv_pool_tokens:,}",
         "block size": cost.block_size,
         "max_num_batched_tokens": cost.max_num_batched_tokens,
+        "time scale": time_scale,
         "duration / warm-up (s)": f"{duration:g} / {warmup:g}",
-        "think time mean (s)": think,
+        "think time (s)": f"lognormal median {think:g}, sigma {think_sigma:g}"
+        if think_sigma
+        else f"exponential mean {think:g}",
         "seed": seed,
         "admission": admission,
+        "priority": priority,
+        "kv events": kv_events,
         "trajectories": len(workload.trajectories),
         "tokenizer": workload.tokenizer,
         "shared in cache": share,
@@ -211,6 +285,21 @@ def simulate_command(
         "wall time (s)": round(elapsed, 1),
     }
     _write_and_print(configs, done, out, setup, console, elapsed)
+
+
+TIME_TERMS = (
+    "per_step_s",
+    "per_prefill_token_s",
+    "per_decode_seq_s",
+    "per_attended_token_s",
+    "per_output_token_s",
+    "per_request_s",
+)
+
+
+def scaled(cost: CostModel, factor: float) -> CostModel:
+    """``cost`` with every time term multiplied by ``factor``."""
+    return dataclasses.replace(cost, **{t: getattr(cost, t) * factor for t in TIME_TERMS})
 
 
 def _render_and_simulate(
@@ -223,6 +312,8 @@ def _render_and_simulate(
     fold: str,
     jobs: int,
     console: Console,
+    max_steps: int | None = None,
+    max_output_tokens: int = 4096,
 ) -> tuple[Workload, list[CellResult | None]]:
     """Render every request (the workload), then simulate the cells, with progress bars."""
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
@@ -236,6 +327,8 @@ def _render_and_simulate(
                 replay_config,
                 share=share,
                 fold=fold,
+                max_steps=max_steps,
+                max_output_tokens=max_output_tokens,
                 on_request=lambda: progress.advance(render),
             )
         except ValueError as exc:

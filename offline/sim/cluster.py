@@ -23,6 +23,7 @@ by the seed and i.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -56,6 +57,9 @@ class SimConfig:
     duration_s: float = 900.0
     warmup_s: float = 120.0
     think_s: float = 5.0
+    # 0: think times exponential with mean ``think_s``; else lognormal with median
+    # ``think_s`` and this sigma (the Locust harness's fallback draw, ``--think-time M:S``).
+    think_sigma: float = 0.0
     scrape_interval_s: float = 2.0
     seed: int = 0
     sessions: int | None = None  # stop starting sessions after this many
@@ -70,6 +74,11 @@ class SimConfig:
     send_times: Mapping[tuple[int, int], float] | None = None
     # The admission seam's implementation (``router.registry.ADMISSIONS``).
     admission: str = "off"
+    # The gateway's ``upstream_priority`` with the replicas on vLLM's priority scheduling.
+    priority: bool = False
+    # The gateway's ``kv_events``: what each replica holds of a session's last prompt,
+    # here exactly (the simulator knows its blocks), in the hints.
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -82,7 +91,7 @@ class SimConfig:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError("need 0 <= warmup_s < duration_s")
-        if self.think_s < 0 or self.scrape_interval_s <= 0:
+        if self.think_s < 0 or self.think_sigma < 0 or self.scrape_interval_s <= 0:
             raise ValueError("think_s must be >= 0 and scrape_interval_s positive")
         if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {self.sessions}")
@@ -106,6 +115,7 @@ class _Session:
     base: int  # offset of its own block ids
     step: int = 0
     last_prompt: int | None = None
+    last_ids: np.ndarray | None = None  # its last prompt's block ids
 
     @property
     def key(self) -> str:
@@ -150,11 +160,12 @@ class _Cluster:
             # The gateway's own default, so "sticky" is sticky as deployed today.
             **knobs,
         )
+        # "off": the gateway asks nothing (no working-set step).
+        admission = (
+            None if config.admission == "off" else ADMISSIONS[config.admission](Knobs(**knobs))
+        )
         self.routing = SimRouting(
-            self.policy,
-            self.pool,
-            self.assignments,
-            ADMISSIONS[config.admission](Knobs(**knobs)),
+            self.policy, self.pool, self.assignments, admission, priority=config.priority
         )
         self.reads_chain = isinstance(self.policy, PrefixTreePolicy)
         # Each session's request in flight (a session has one at a time), and the routed
@@ -162,7 +173,8 @@ class _Cluster:
         self.routed: dict[int, Routed] = {}
         self.held: deque[tuple[Routed, SimRequest]] = deque()
         self.engines = [
-            SimReplica.create(i, self.cost, config.seed) for i in range(config.replicas)
+            SimReplica.create(i, self.cost, config.seed, priority=config.priority)
+            for i in range(config.replicas)
         ]
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
@@ -274,8 +286,17 @@ class _Cluster:
         self.sessions[s.index] = s
         self.started += 1
         # Sessions do not start in lockstep: the first request after one think time.
-        first = now + rng.expovariate(1 / config.think_s) if config.think_s else now
+        first = now + self.think(rng)
         self.push(self.send_time(s, first), _SEND, s.index)
+
+    def think(self, rng: random.Random) -> float:
+        """One think time (a tool's run) from the session's generator."""
+        config = self.config
+        if not config.think_s:
+            return 0.0
+        if config.think_sigma:
+            return rng.lognormvariate(math.log(config.think_s), config.think_sigma)
+        return rng.expovariate(1 / config.think_s)
 
     def send_time(self, s: _Session, t: float) -> float:
         if self.config.send_times is None:
@@ -286,61 +307,76 @@ class _Cluster:
         config = self.config
         step = self.workload.runs[(s.trajectory, config.strategy)].steps[s.step]
         ids = np.concatenate([step.head, step.own + s.base]) if len(step.own) else step.head
-        if config.routes is None:
-            routed = self.routing.route(
-                SIM_TENANT,
-                s.key,
-                prompt_tokens=step.prompt_tokens,
-                last_prompt_tokens=s.last_prompt,
-                prefix=step.prefix,
-                now=now,
-                block_chain=ids.tolist() if self.reads_chain else None,
-            )
-        else:
-            replica = self.pool.replicas[config.routes[(s.index, s.step)]]
-            routed = self.routing.replayed(SIM_TENANT, s.key, replica, now)
-        if routed.decision.moved_from is not None and now >= config.warmup_s:
-            self.result.moves += 1
-        req = SimRequest(
-            s.index,
-            self.index_of[routed.replica.url],
-            ids,
-            step.prompt_tokens,
-            step.output_tokens,
-            arrival=now,
-            sent=now,
+        routed = self.routing.prepare(
+            SIM_TENANT,
+            s.key,
+            prompt_tokens=step.prompt_tokens,
+            last_prompt_tokens=s.last_prompt,
+            prefix=step.prefix,
+            now=now,
+            block_chain=ids.tolist() if self.reads_chain else None,
+            resident=self.resident(s) if config.kv_events else None,
         )
+        req = SimRequest(
+            s.index, -1, ids, step.prompt_tokens, step.output_tokens, arrival=now, sent=now
+        )
+        req.priority = routed.priority
         s.last_prompt = step.prompt_tokens
+        s.last_ids = ids
         self.routed[s.index] = routed
-        if self.held:  # first come, first served: behind those already waiting
-            self.held.append((routed, req))
-            return
+        # First come, first served per replica is the admission's (its waiting queue).
         verdict = self.routing.admit(routed, now)
         if not verdict.admit:
             self.hold(now, routed, req, verdict.retry_at)
             return
-        self.dispatch(now, req)
+        self.dispatch(now, routed, req)
+
+    def resident(self, s: _Session) -> dict[str, int]:
+        """Per replica holding any, the tokens of the session's last prompt it holds: what
+        the KV events tell the gateway, here from the blocks themselves."""
+        if s.last_ids is None:
+            return {}
+        bs = self.cost.block_size
+        found = {}
+        for replica, engine in zip(self.pool.replicas, self.engines, strict=True):
+            blocks = engine.pool.hits(s.last_ids, len(s.last_ids))
+            if blocks:
+                found[replica.url] = blocks * bs
+        return found
 
     def hold(self, now: float, routed: Routed, req: SimRequest, retry_at: float | None) -> None:
         """The admission seam holds the request at the gateway."""
         self.held.append((routed, req))
         if retry_at is not None:
-            self.push(max(now, retry_at), _RETRY)
+            self.push(_later(now, retry_at), _RETRY)
 
     def admit_held(self, now: float) -> None:
-        """Ask again for the held requests, in arrival order, until one is refused."""
-        while self.held:
-            routed, req = self.held[0]
+        """Ask again for every held request, in arrival order, as the gateway's waiters
+        all ask again when the admission's state changes (the admission keeps each one's
+        place in its replica's queue)."""
+        held, self.held = self.held, deque()
+        for routed, req in held:
             verdict = self.routing.admit(routed, now)
-            if not verdict.admit:
+            if verdict.admit:
+                self.dispatch(now, routed, req)
+            else:
+                self.held.append((routed, req))
                 if verdict.retry_at is not None:
-                    self.push(max(now, verdict.retry_at), _RETRY)
-                return
-            self.held.popleft()
-            self.dispatch(now, req)
+                    self.push(_later(now, verdict.retry_at), _RETRY)
 
-    def dispatch(self, now: float, req: SimRequest) -> None:
-        """An admitted request on its way to its replica's engine."""
+    def dispatch(self, now: float, routed: Routed, req: SimRequest) -> None:
+        """An admitted request routed (by the policy, or as a measured run's log says) and
+        on its way to its replica's engine."""
+        config = self.config
+        if config.routes is None:
+            decision = self.routing.route(routed)
+        else:
+            step = self.sessions[req.session].step
+            replica = self.pool.replicas[config.routes[(req.session, step)]]
+            decision = self.routing.replayed(routed, replica)
+        if decision.moved_from is not None and now >= config.warmup_s:
+            self.result.moves += 1
+        req.replica = self.index_of[decision.replica.url]
         if req.sent >= self.config.warmup_s:
             self.result.admission_wait_s.append(now - req.sent)
         if self.cost.per_request_s > 0:
@@ -368,7 +404,7 @@ class _Cluster:
             return  # an end that moved: an arrival cut the decode jump short
         first, done = engine.finish_step(now)
         for req in first:
-            self.routing.accepted(self.routed[req.session])
+            self.routing.accepted(self.routed[req.session], now)
         for req in done:
             self.finished(now, req)
         end = engine.start_step(now)
@@ -388,7 +424,7 @@ class _Cluster:
         s.step += 1
         run = self.workload.runs[(s.trajectory, config.strategy)]
         if s.step < len(run.steps):
-            think = s.rng.expovariate(1 / config.think_s) if config.think_s else 0.0
+            think = self.think(s.rng)
             self.push(self.send_time(s, now + think), _SEND, s.index)
         else:
             # The store's TTL would drop the assignment; the policy keeps counting the session
@@ -430,6 +466,13 @@ def session_order(workload: Workload, seed: int, *, shuffle: bool = True) -> lis
     if shuffle:
         random.Random(seed).shuffle(order)
     return order
+
+
+def _later(now: float, retry_at: float) -> float:
+    """When to ask again: ``retry_at``, but after ``now``. A deadline computed as
+    ``now + max_wait - waited`` can round to ``now`` itself, and simulated time stands
+    still between events: asking again at ``now`` would repeat forever."""
+    return max(retry_at, math.nextafter(now, math.inf))
 
 
 def _counters(engines: list[SimReplica]) -> tuple[int, int, int]:

@@ -10,6 +10,11 @@ Modelled on ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``) and
   (FCFS), by recompute: its blocks are freed (they stay cached until evicted), it goes back
   to the front of WAITING with nothing computed, and is re-prefilled later, usually from
   its own cached blocks. If it is itself the last, it preempts itself.
+- Under ``--scheduling-policy priority`` (``priority``) WAITING is ordered by (priority,
+  arrival) (``PriorityRequestQueue``: lower value first), a preempted request goes back
+  into it in that order, and the victim is the running request of the highest (priority,
+  arrival), wherever it is in the batch: if it was already scheduled this step, its tokens
+  go back to the budget (``Scheduler.schedule``).
 - WAITING requests are admitted only in steps that preempted nothing, in order, while the
   budget lasts and fewer than ``max_num_seqs`` run. Admission looks up the longest cached
   prefix of full blocks (at most all tokens but the last), counts a prefix-cache query and
@@ -64,6 +69,12 @@ class SimRequest:
     finished: float | None = None
     cached_tokens: int | None = None  # prefix hit at first admission
     preemptions: int = 0
+    priority: int = 0  # vLLM's request priority (read under priority scheduling)
+
+    @property
+    def rank(self) -> tuple[int, float, int]:
+        """vLLM's ``Request.__lt__``: priority, then arrival, then id."""
+        return (self.priority, self.arrival, self.session)
 
     @property
     def num_tokens(self) -> int:
@@ -102,13 +113,17 @@ class SimReplica:
     rng: random.Random = field(default_factory=random.Random)
     speed: float = 1.0  # step-time factor of the current batch (cost.step_jitter)
     batch_changed: bool = True
+    priority: bool = False  # vLLM's --scheduling-policy priority, else fcfs
 
     @classmethod
-    def create(cls, index: int, cost: CostModel, seed: int = 0) -> SimReplica:
+    def create(
+        cls, index: int, cost: CostModel, seed: int = 0, *, priority: bool = False
+    ) -> SimReplica:
         rng = random.Random(seed * 1_000_003 + 7_919 * (index + 1))
         # vLLM's BlockPool takes one block out as the null block (padding for skipped
         # positions): requests and the prefix cache share the others.
-        return cls(index, cost, BlockPool(cost.kv_pool_blocks - 1), rng=rng)
+        pool = BlockPool(cost.kv_pool_blocks - 1)
+        return cls(index, cost, pool, rng=rng, priority=priority)
 
     def _step_factor(self) -> float:
         """The speed factor for the step being planned: redrawn when the batch changed."""
@@ -123,7 +138,18 @@ class SimReplica:
         return self.pending is not None
 
     def add(self, request: SimRequest) -> None:
-        self.waiting.append(request)
+        if self.priority:
+            self._queue(request)
+        else:
+            self.waiting.append(request)
+
+    def _queue(self, request: SimRequest) -> None:
+        """Into WAITING in (priority, arrival) order."""
+        rank = request.rank
+        at = len(self.waiting)
+        while at > 0 and self.waiting[at - 1].rank > rank:
+            at -= 1
+        self.waiting.insert(at, request)
 
     def interrupt(self, now: float) -> float | None:
         """A request arrived: cut a decode jump at the step in progress. Returns the new end
@@ -157,7 +183,16 @@ class SimReplica:
             # Most steps of a decoding request need no new block: skip the allocator then.
             fits = -(-(req.computed + n) // bs) <= req.held + req.anonymous
             while not fits and not self._allocate(req, req.computed + n, bs):
-                victim = self.running.pop()  # the last one: FCFS
+                if self.priority:
+                    victim = max(self.running, key=lambda r: r.rank)
+                    at = self.running.index(victim)
+                    del self.running[at]
+                    if at < i:  # scheduled already: its tokens go back to the budget
+                        i -= 1
+                        k = next(k for k, (r, _) in enumerate(scheduled) if r is victim)
+                        budget += scheduled.pop(k)[1]
+                else:
+                    victim = self.running.pop()  # the last one: FCFS
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -316,4 +351,7 @@ class SimReplica:
         req.computed = 0
         req.preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(req)
+        if self.priority:
+            self._queue(req)
+        else:
+            self.waiting.appendleft(req)

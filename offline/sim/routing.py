@@ -1,43 +1,66 @@
-"""The gateway's routing path as the simulator runs it, step for step.
+"""The gateway's request path around the policy as the simulator runs it, step for step.
 
 For each request the gateway reads the session's assignment with its history, builds the
-hints, lets the policy decide without touching a store, asks the admission seam, counts the
-request in flight on the replica, writes the assignment with the history once the replica
-sent its first chunk (the commit), and counts it out when the reply ends. ``SimRouting``
-does the same through the same functions (``router.session_route``, the policy's
-``choose``, ``router.admission_seam``, ``Replica.started``/``ended``) over an in-memory
-store with the store's compare-and-set, so the simulator routes as the gateway does
+hints, adds what the replicas' KV events say (``kv_events``) and whether the session is
+warm (its vLLM priority), asks working-set admission about the session's replica (waiting
+at the gateway while refused), lets the policy decide without touching a store, counts the
+request in flight on the replica, at the first chunk moves the session's admission share
+where the policy placed it and writes the assignment with the history, and at the reply's
+end counts it out and ends its admission share. ``SimRouting`` does the same through the
+same functions (``router.session_route``, ``router.admission_seam``, the policy's
+``choose``, ``Replica.started``/``ended``) over an in-memory store with the store's
+compare-and-set, so the simulator decides as the gateway does
 (``tests/offline/test_one_routing_path.py`` replays one sequence through both).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from gateway.steps.priority import upstream_priority
 from offline.sim.assignments import MemoryAssignments, run_sync
-from router import Decision, ReplicaPool, RoutingPolicy
-from router.admission_seam import Admission, AdmissionRequest, AdmissionVerdict
-from router.inputs import snapshot
+from router import Decision, ReplicaPool, RouteHints, RoutingPolicy
+from router.admission_seam import (
+    Admission,
+    AdmissionRequest,
+    AdmissionVerdict,
+    admission_request,
+    relocate,
+)
+from router.inputs import Candidate, snapshot
 from router.replica import Replica
-from router.session_route import SharedPrefix, assignment_write, route_hints
+from router.session_route import (
+    SharedPrefix,
+    assignment_write,
+    route_hints,
+    session_warm,
+    with_resident,
+)
+from router.working_set_admission import WorkingSetAdmission
+
+ADMITTED = AdmissionVerdict(True)
 
 
 @dataclass(slots=True)
 class Routed:
-    """One routed request: its decision, the assignment read before it (what the commit's
-    compare-and-set expects) and when it was routed (for its admission wait)."""
+    """One request on the gateway's path: the assignment read before it (what the commit's
+    compare-and-set expects), its hints, when it first asked admission, its admission
+    request once admitted (None: no admission, or none was asked), its vLLM priority, and
+    the policy's decision once routed."""
 
     tenant: str
     session: str
-    decision: Decision
     expected: str | None
-    prompt_tokens: int
-    cached_prefix_tokens: int | None
-    routed_at: float
+    hints: RouteHints
+    asked_at: float
+    priority: int = 0
+    admitted: AdmissionRequest | None = None
+    decision: Decision | None = None
 
     @property
     def replica(self) -> Replica:
+        assert self.decision is not None, "not routed yet"
         return self.decision.replica
 
 
@@ -47,14 +70,23 @@ class SimRouting:
         policy: RoutingPolicy,
         pool: ReplicaPool,
         assignments: MemoryAssignments,
-        admission: Admission,
+        admission: Admission | None,
+        *,
+        free: Callable[[Candidate, float], tuple[int, int]] | None = None,
+        priority: bool = False,
     ) -> None:
         self.policy = policy
         self.pool = pool
         self.assignments = assignments
-        self.admission = admission
+        self.admission = admission  # None: admission off (the gateway asks nothing)
+        # Where a session without a routable replica is asked for: the most room beside
+        # the replica's working set (the gateway's ``WorkingSetAdmission.free_tokens``).
+        if free is None and isinstance(admission, WorkingSetAdmission):
+            free = admission.free_tokens
+        self.free = free or (lambda c, now: (0, 0))
+        self.priority = priority  # the gateway's upstream_priority
 
-    def route(
+    def prepare(
         self,
         tenant: str,
         session: str,
@@ -64,8 +96,11 @@ class SimRouting:
         prefix: SharedPrefix | None,
         now: float,
         block_chain: Sequence[int] | None = None,
+        resident: Mapping[str, int] | None = None,
     ) -> Routed:
-        """Read the assignment (the gateway's history lookup), build the hints, decide."""
+        """Read the assignment (the gateway's history lookup), build the hints with what
+        the replicas hold (``resident``: the KV events' figure, None without them), and
+        the session's priority."""
         expected = self.assignments.read(tenant, session)
         hints = route_hints(
             self.policy,
@@ -76,40 +111,73 @@ class SimRouting:
             prefix=lambda: prefix,
             block_chain=block_chain,
         )
-        decision = run_sync(self.policy.choose(tenant, session, self.pool, hints=hints))
-        cached = hints.cached_prefix_tokens
-        return Routed(tenant, session, decision, expected, prompt_tokens, cached, now)
-
-    def replayed(self, tenant: str, session: str, replica: Replica, now: float) -> Routed:
-        """A request sent where a measured run's log says, bypassing the policy."""
-        decision = Decision(replica, "replayed")
-        return Routed(tenant, session, decision, None, 0, None, now)
+        hints = with_resident(hints, expected, resident)
+        admission = self.admission
+        holds = (
+            (lambda: admission.holds(tenant, session, expected or "", now))
+            if isinstance(admission, WorkingSetAdmission)
+            else None
+        )
+        warm = session_warm(expected, last_prompt_tokens, resident, holds)
+        priority = upstream_priority(0, warm) if self.priority else 0
+        return Routed(tenant, session, expected, hints, now, priority)
 
     def admit(self, routed: Routed, now: float) -> AdmissionVerdict:
-        """Ask the admission seam; admitted, the request counts in flight on its replica."""
-        request = AdmissionRequest(
+        """Ask working-set admission for the session's replica (before the policy routes);
+        admitted, its share starts there."""
+        admission = self.admission
+        if admission is None:
+            return ADMITTED
+        request = admission_request(
             routed.tenant,
             routed.session,
-            routed.replica.url,
-            routed.prompt_tokens,
-            routed.cached_prefix_tokens,
+            routed.expected,
+            routed.hints.prompt_tokens,
             tuple(snapshot(r) for r in self.pool.routable()),
-            now,
-            now - routed.routed_at,
+            now=now,
+            since=routed.asked_at,
+            free=lambda c: self.free(c, now),
         )
-        verdict = self.admission.decide(request)
+        if request is None:
+            return ADMITTED
+        verdict = admission.decide(request)
         if verdict.admit:
-            self.admission.started(request)
-            routed.replica.started()
+            admission.started(request)
+            routed.admitted = request
+            # The policy places it where its set counted it (the gateway's KV step).
+            routed.hints = replace(routed.hints, admitted=request.replica)
         return verdict
 
-    def accepted(self, routed: Routed) -> None:
-        """The replica sent the first token: the assignment is written with the history."""
-        assign = assignment_write(self.policy, routed.tenant, routed.replica.url, routed.expected)
+    def route(self, routed: Routed) -> Decision:
+        """The policy decides; the request counts in flight on its replica."""
+        decision = run_sync(
+            self.policy.choose(routed.tenant, routed.session, self.pool, hints=routed.hints)
+        )
+        routed.decision = decision
+        decision.replica.started()
+        return decision
+
+    def replayed(self, routed: Routed, replica: Replica) -> Decision:
+        """A request sent where a measured run's log says, bypassing the policy."""
+        routed.decision = Decision(replica, "replayed")
+        replica.started()
+        return routed.decision
+
+    def accepted(self, routed: Routed, now: float) -> None:
+        """The replica sent the first token: the session's admission share moves to it
+        where the policy placed it elsewhere, and the assignment is written with the
+        history."""
+        url = routed.replica.url
+        if self.admission is not None and routed.admitted is not None:
+            routed.admitted = relocate(self.admission, routed.admitted, url, now)
+        assign = assignment_write(self.policy, routed.tenant, url, routed.expected)
         if assign is not None:
             self.assignments.write(routed.tenant, routed.session, assign)
 
     def ended(self, routed: Routed, now: float) -> None:
-        """The reply ended."""
+        """The reply ended: served, so the session's footprint is reserved through its
+        pause."""
         routed.replica.ended()
-        self.admission.ended(routed.tenant, routed.session, routed.replica.url, now)
+        if self.admission is not None and routed.admitted is not None:
+            request = routed.admitted
+            self.admission.ended(request.tenant, request.session, request.replica, now)

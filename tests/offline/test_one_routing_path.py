@@ -33,7 +33,6 @@ from router import (
     get_preset,
     make_policy,
 )
-from router.admission_seam import AdmitAll
 from router.failover import with_failover
 from router.replica import Replica
 from router.session_route import shared_prefix
@@ -192,7 +191,7 @@ def through_the_simulator(name: str, events: list[Send | End | Scrape]) -> list[
     assignments = MemoryAssignments()
     policy = make_policy(name, assignments=assignments, cost=get_preset("cpu-tiny"))
     replicas = pool()
-    routing = SimRouting(policy, replicas, assignments, AdmitAll())
+    routing = SimRouting(policy, replicas, assignments, None)
     decided: list[Decided] = []
     open_requests: dict[str, Routed] = {}
     last_prompt: dict[str, int] = {}
@@ -206,7 +205,7 @@ def through_the_simulator(name: str, events: list[Send | End | Scrape]) -> list[
             continue
         sent = transcript(event)
         tokens = Decoded.full(sent).tokens
-        routed = routing.route(
+        routed = routing.prepare(
             TENANT,
             event.session,
             prompt_tokens=tokens,
@@ -216,10 +215,12 @@ def through_the_simulator(name: str, events: list[Send | End | Scrape]) -> list[
             now=float(now),
         )
         assert routing.admit(routed, float(now)).admit
-        routing.accepted(routed)  # the first token
+        routing.route(routed)
+        routing.accepted(routed, float(now))  # the first token
         last_prompt[event.session] = tokens
         open_requests[event.session] = routed
         d = routed.decision
+        assert d is not None
         assigned = assignments.read(TENANT, event.session)
         decided.append((event.session, d.replica.url, d.reason, d.moved_from, assigned))
     return decided

@@ -18,6 +18,7 @@ from offline.importers import load_trajectories
 from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
+from offline.sim.cli import scaled
 from offline.sim.cluster import SimConfig, simulate
 from offline.sim.compare import bucket_bound, read_experiment
 from offline.sim.engine import SimReplica, SimRequest
@@ -131,6 +132,27 @@ def test_a_full_pool_preempts_the_last_request_by_recompute() -> None:
     assert replica.stats.prefix_queries == first.prompt_tokens + second.prompt_tokens
     assert replica.stats.prefix_hits == 0
     assert replica.pool.used == 0
+
+
+def test_priority_scheduling_preempts_the_highest_value_and_queues_by_priority() -> None:
+    # The same two requests as above, the first one (arrived first) at priority 1, the
+    # second at 0: under priority scheduling the first is the victim (highest value),
+    # where fcfs preempts the last; waiting requests are taken lower value first.
+    replica = SimReplica.create(0, cost(max_num_batched_tokens=2048), priority=True)
+    replica.pool.ensure(400)
+    first, second = request(45, 0, out=200), request(45, 100, out=200)
+    first.priority = 1
+    replica.add(first)
+    replica.add(second)
+    assert list(replica.waiting) == [second, first]  # (priority, arrival)
+    run_until_idle(replica)
+    assert first.finished is not None and second.finished is not None
+    assert first.preemptions >= 1 and second.preemptions == 0
+    late_low, late_high = request(2, 300), request(2, 320)
+    late_low.priority, late_high.priority = 3, 0
+    replica.add(late_low)
+    replica.add(late_high)
+    assert list(replica.waiting) == [late_high, late_low]
 
 
 def test_a_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
@@ -731,7 +753,9 @@ class OneAtATime:
     def started(self, request: AdmissionRequest) -> None:
         self.busy.add(request.replica)
 
-    def ended(self, tenant: str, session: str, replica: str, now: float) -> None:
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
         self.busy.discard(replica)
 
 
@@ -759,3 +783,22 @@ def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_comp
     off = run("off")  # the default: every request goes at once
     assert off.requests == 6 * steps and max(off.admission_wait_s) == 0.0
     assert off.window_s < held.window_s
+
+
+def test_a_time_scale_stretches_a_fixed_work_cell_by_its_factor(tmp_path: Path) -> None:
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def run(c: CostModel) -> CellResult:
+        config = SimConfig(policy="sticky", strategy="base", cost=c, replicas=2,
+                           concurrency=4, sessions=4, think_s=0.0, warmup_s=0.0)  # fmt: skip
+        return simulate(workload, config)
+
+    pool = cost(kv_pool_tokens=50_000)
+    base, slow = run(pool), run(scaled(pool, 3.0))
+    assert slow.requests == base.requests
+    assert slow.window_s == pytest.approx(3.0 * base.window_s)
+    assert slow.prefix_hits == base.prefix_hits  # the same schedule, three times as slow
