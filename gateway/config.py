@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from router.knobs import ASSIGNMENT_TTL_S, REHOME_MARGIN
+from router.knobs import ADMISSION_MAX_WAIT_S, ASSIGNMENT_TTL_S, REHOME_MARGIN
 
 DEFAULT_TENANT = "default"
 
@@ -139,7 +139,7 @@ class GatewayConfig:
     """Working-set admission: a request of a session outside its replica's working set (the
     sessions whose prefixes fit its KV pool) waits at the gateway, first come first served,
     at most ``admission_max_wait_s`` (``gateway.steps.working_set``)."""
-    admission_max_wait_s: float = 30.0
+    admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
     """Longest admission wait; past it the request goes anyway (never refused), and the
     paused sessions vLLM evicts for it leave the set. Long enough for a member to finish or
     its reservation to end: a request that goes at 5 s overflows the pool."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from router.cost import CostModel
 
 REHOME_MARGIN = 8.0
+# The longest working-set admission wait, the gateway's and the simulator's default.
+ADMISSION_MAX_WAIT_S = 30.0
 ASSIGNMENT_TTL_S = 3600.0
 
 
@@ -56,7 +58,7 @@ class Knobs:
     # Working-set admission (router.working_set_admission; the gateway's config of the same
     # names): the pool share the set may fill, the longest wait, pause reservations.
     admission_kv_fraction: float = 0.9
-    admission_max_wait_s: float = 5.0
+    admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
     pause_reservation: bool = True
     reservation_max_s: float = 120.0
 

@@ -31,6 +31,7 @@ from router import ReplicaPool, RouteHints
 from router.cost import CostModel, get_preset
 from router.kv_events import session_key
 from router.kv_subscriber import KvEventSubscriber
+from router.session_route import session_warm, with_resident
 from router.working_set_admission import WorkingSetAdmission
 
 SESSION_FIELD = "session_id"
@@ -104,20 +105,14 @@ class KvControl:
         home = ingested.found.assignment
         last = ingested.found.counts.get(LAST_PROMPT)
         resident = self.resident(ingested, key)
-        if resident is not None:
-            hints = replace(hints, resident_tokens=resident)
-            if home in resident and hints.cached_prefix_tokens is not None:
-                hints = replace(hints, cached_prefix_tokens=resident[home])
-        warm = home is not None and bool(last)
-        if warm and home is not None:
-            # Warm when anything the gateway knows says the prefix is there: its set holds
-            # it (admission keeps it), or the events show at least half of it.
-            known = []
-            if self.gate is not None:
-                known.append(self.gate.holds(ingested.tenant, ingested.session, home))
-            if resident is not None and home in resident:
-                known.append(2 * resident[home] >= int(last or 0))
-            warm = any(known) if known else True
+        hints = with_resident(hints, home, resident)
+        gate = self.gate
+        holds = (
+            (lambda: gate.holds(ingested.tenant, ingested.session, home or ""))
+            if gate is not None
+            else None
+        )
+        warm = session_warm(home, last, resident, holds)
         ticket = None
         if self.gate is not None:
             ticket = await self.gate.admit(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from gateway import metrics
 from router import ReplicaPool
-from router.admission_seam import AdmissionRequest
+from router.admission_seam import AdmissionRequest, admission_request, relocate
 from router.inputs import snapshot
 from router.working_set_admission import WorkingSetAdmission
 
@@ -60,13 +60,11 @@ class WorkingSetGate:
         self, tenant: str, session: str, replica: str | None, tokens: int, start: float
     ) -> AdmissionRequest | None:
         candidates = tuple(snapshot(r) for r in self.pool.routable())
-        if not candidates:
-            return None  # routing answers it (no healthy replica)
         now = self.clock()
-        if replica is None or replica not in {c.url for c in candidates}:
-            replica = max(candidates, key=lambda c: self.admission.free_tokens(c, now)).url
-        waited = now - start
-        return AdmissionRequest(tenant, session, replica, tokens, None, candidates, now, waited)
+        return admission_request(
+            tenant, session, replica, tokens, candidates, now=now, since=start,
+            free=lambda c: self.admission.free_tokens(c, now),
+        )  # fmt: skip
 
     async def admit(self, tenant: str, session: str, replica: str | None, tokens: int) -> Ticket:
         """Wait until the session may go to ``replica`` (its assignment; None: where the
@@ -107,14 +105,7 @@ class WorkingSetGate:
         request = ticket.request
         if request is None or request.replica == url:
             return
-        self.admission.ended(request.tenant, request.session, request.replica, self.clock(),
-                             served=False)  # fmt: skip
-        moved = AdmissionRequest(
-            request.tenant, request.session, url, request.prompt_tokens, None,
-            request.candidates, self.clock(), request.waited_s,
-        )  # fmt: skip
-        self.admission.started(moved)
-        ticket.request = moved
+        ticket.request = relocate(self.admission, request, url, self.clock())
         self._notify()
 
     def finish(self, ticket: Ticket, *, served: bool) -> None:
