@@ -31,7 +31,7 @@ from gateway.dialects.volatile import without_volatile
 from gateway.lru import LRU
 from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
-from store.codec import same_value
+from store.codec import same_prefix
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
 MAX_MESSAGES = 10_000  # GatewayConfig.max_messages
@@ -210,12 +210,8 @@ class DecodeCache:
             head = Decoded.full(Transcript(lead), memo)
         same = 0
         if previous is not None:
-            for new, old in zip(raw, previous.raw, strict=False):
-                # A re-sent body's prefix holds the previous body's objects
-                # (``ResentBodies``): identity settles most items without a walk.
-                if not same_value(new, old):
-                    break
-                same += 1
+            # A re-sent body's prefix holds the previous body's objects (``ResentBodies``).
+            same = same_prefix(raw, previous.raw)
             kept = previous.ends[same - 1] if same else 0
             ends, running = previous.ends[:same], previous.running[:kept]
             messages, stored = previous.messages[:kept], previous.stored[:kept]

@@ -10,8 +10,9 @@ digest is the hash of this packed form, which pins the blob contents through the
 
 from __future__ import annotations
 
+import operator
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,22 @@ def same_value(a: Any, b: Any) -> bool:
     if type(a) in (list, tuple):
         return len(a) == len(b) and all(map(same_value, a, b))
     return a == b
+
+
+def same_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
+    """How many leading items of ``new`` are ``same_value`` as ``old``'s. The identical ones
+    (a re-sent prefix holds the previous body's objects) are counted in C, without a call
+    per item; from the first that is not, each is compared as a value."""
+    identical = list(map(operator.is_, new, old))
+    try:
+        same = identical.index(False)
+    except ValueError:
+        return len(identical)
+    for a, b in zip(new[same:], old[same:], strict=False):
+        if not same_value(a, b):
+            break
+        same += 1
+    return same
 
 
 def pack(obj: Any) -> bytes:

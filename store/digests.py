@@ -95,12 +95,7 @@ class DigestCache:
             raise ValueError("cannot ingest an empty history: a request has at least one message")
         key = (tenant, session)
         seen = self._seen.pop(key)
-        same = 0
-        if seen is not None:
-            for new, old in zip(messages, seen.messages, strict=False):
-                if not codec.same_value(new, old):  # not ``==``: 0 is not 0.0 here
-                    break
-                same += 1
+        same = codec.same_prefix(messages, seen.messages) if seen is not None else 0
         if seen is not None and same == len(seen.messages) == len(messages):
             kept = seen  # a re-send of what was prepared last (ingest after lookup)
         else:

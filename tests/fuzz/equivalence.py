@@ -27,6 +27,7 @@ from gateway.dialects.errors import DialectError
 from gateway.request_cache import DecodeCache, Decoded, envelope_within
 from gateway.resent_body import ResentBodies, parse_object
 from store import SessionStore
+from store.codec import same_value
 
 
 def _outcome(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -57,7 +58,7 @@ class CheckedBodies(ResentBodies):
             return super().parse(raw, key, field)  # nothing kept: the full path itself
         body, exc = _outcome(super().parse, raw, key, field)
         full, full_exc = _outcome(parse_object, bytes(raw))
-        if _error(exc) != _error(full_exc) or body != full:
+        if _error(exc) != _error(full_exc) or not same_value(body, full):
             self.mismatches.append(
                 f"parse: incremental {_error(exc) or 'ok'} vs full {_error(full_exc) or 'ok'}"
                 f" of {bytes(raw[:200])!r}"
