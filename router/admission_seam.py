@@ -8,10 +8,10 @@ One order for the gateway (``gateway.steps.working_set``, from the pipeline's KV
 the simulator (``offline.sim.routing``): the request is asked about *before* the policy
 routes it, for the session's own replica (its assignment) or, without one that is
 routable, for the replica with the most free KV (``admission_request``); refused, it waits
-at the gateway and is asked again at ``retry_at`` and whenever the admission's state
-changes; admitted, ``started``; once a replica accepted it (the first chunk), where the
-policy placed it elsewhere its share moves there (``relocate``); at its reply's end,
-``ended``.
+at the gateway and is asked again at ``retry_at``, and when the admission's state changes
+if the admission names it (``wake``: the waiters that may go then); admitted,
+``started``; once a replica accepted it (the first chunk), where the policy placed it
+elsewhere its share moves there (``relocate``); at its reply's end, ``ended``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from router.knobs import Knobs
 class AdmissionRequest:
     """A routed request asking to go to ``replica`` now. ``candidates``: the routable
     replicas as the decision saw them; ``now``: the caller's clock (simulated seconds in
-    the simulator); ``waited_s``: how long it has waited at the gateway so far."""
+    the simulator); ``waited_s``: how long it has waited at the gateway so far;
+    ``roaming``: ``replica`` was chosen by room (the session has no routable replica of its
+    own), so asked again it may ask for another."""
 
     tenant: str
     session: str
@@ -38,6 +40,7 @@ class AdmissionRequest:
     candidates: tuple[Candidate, ...]
     now: float
     waited_s: float = 0.0
+    roaming: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,11 @@ class Admission(Protocol):
         failed, or its share moved to another replica)."""
         ...
 
+    def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
+        """The state changed: ``ask`` (decide again for) each waiting (tenant, session)
+        that may go now, in arrival order."""
+        ...
+
 
 class AdmitAll:
     """Every request goes at once (no admission control): today's behaviour."""
@@ -87,6 +95,9 @@ class AdmitAll:
         self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
     ) -> None:
         return None
+
+    def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
+        return None  # nobody waits
 
 
 def admission_request(
@@ -107,10 +118,12 @@ def admission_request(
     if not candidates:
         return None
     urls = {c.url for c in candidates}
-    replica = home if home is not None and home in urls else max(candidates, key=free).url
+    roaming = home is None or home not in urls
+    replica = max(candidates, key=free).url if roaming or home is None else home
     return AdmissionRequest(
-        tenant, session, replica, prompt_tokens, None, tuple(candidates), now, now - since
-    )
+        tenant, session, replica, prompt_tokens, None, tuple(candidates), now, now - since,
+        roaming,
+    )  # fmt: skip
 
 
 def relocate(

@@ -5,8 +5,10 @@
 No clock is read: ``now`` comes in with every call.
 
 State: per replica, the sessions holding a share of its pool (``Member``); the sessions
-waiting, each with the replica it waits for and since when (first come first served: a
-request waits behind every earlier one for its replica); each session's recent pauses
+waiting, each with the replica it waits for and since when, in one queue per replica by
+arrival (first come first served: a request waits behind every earlier one for its
+replica, so only the first of a queue can go, and ``wake`` names only those to the
+caller, which asks them again when the state changed); each session's recent pauses
 (from a reply's end to its next request), which size its reservation. A request that has
 waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves. A request
 that goes without room (that one, or a member's whose prefix grew past it) takes the
@@ -16,7 +18,11 @@ the set never counts more than the pool holds.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -75,6 +81,12 @@ class WorkingSetAdmission:
         self.pool_tokens = pool_tokens  # where a replica's scrape has none
         self.members: dict[str, dict[Key, Member]] = {}
         self.waiting: dict[Key, tuple[str, float]] = {}  # -> (replica, since), arrival order
+        # Per replica, its waiters by (since, arrival number); the arrival numbers; the
+        # waiters whose replica is chosen by room (``AdmissionRequest.roaming``).
+        self._queues: dict[str, list[tuple[float, int, Key]]] = {}
+        self._arrival: dict[Key, int] = {}
+        self._roaming: set[Key] = set()
+        self._arrivals = itertools.count()
         self._pauses: OrderedDict[Key, _Pauses] = OrderedDict()
         self._recent: deque[float] = deque(maxlen=GLOBAL_PAUSES_KEPT)
 
@@ -120,27 +132,27 @@ class WorkingSetAdmission:
         room = self.room(candidate)
         members = self.members.get(url, {})
         since = self.waiting.get(key, (url, now))[1]
-        ahead = sum(1 for k, (r, t) in self.waiting.items() if r == url and t < since and k != key)
+        ahead = self._ahead(url, since)
         if room is None or admits(
             room, members, key, request.prompt_tokens, now,
             fraction=self.fraction, queued_ahead=ahead,
         ):  # fmt: skip
-            waited = self.waiting.pop(key, None) is not None
+            waited = self._leave(key)
             if room is not None:  # a member whose prefix grew past the room
                 self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "waited" if waited else "admitted")
         if request.waited_s >= self.max_wait_s:
-            self.waiting.pop(key, None)
+            self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
-        self.waiting[key] = (url, since)
+        self._wait(key, url, since, roaming=request.roaming)
         release = next_release(members, now)
         deadline = now + self.max_wait_s - request.waited_s
         return AdmissionVerdict(False, "waiting", min(deadline, release or deadline))
 
     def started(self, request: AdmissionRequest) -> None:
         key = (request.tenant, request.session)
-        self.waiting.pop(key, None)
+        self._leave(key)
         for url, members in self.members.items():  # a session moved: its old share goes
             if url != request.replica:
                 members.pop(key, None)
@@ -184,7 +196,79 @@ class WorkingSetAdmission:
 
     def withdrawn(self, tenant: str, session: str) -> None:
         """A waiting request went away (its client left) before it was admitted."""
-        self.waiting.pop((tenant, session), None)
+        self._leave((tenant, session))
+
+    def wake(self, ask: Callable[[Key], object]) -> None:
+        """The state changed: ``ask`` (the caller asks ``decide`` again for that waiter)
+        each waiter that may go now, in arrival order: the first of each replica's queue
+        (all the first if several came at one instant) and every waiter whose replica is
+        chosen by room (it may choose another now). Any other is refused while an earlier
+        one waits for its replica; one that becomes first during the pass (the one before
+        it went, or moved) is asked in it, after those before it, as asking every waiter in
+        arrival order would. Each waiter is asked at most once a pass; its own ``retry_at``
+        (a reservation ending, its deadline) is the caller's to keep."""
+        pending = [(self._arrival[k], k) for k in self._roaming]
+        for queue in self._queues.values():
+            pending += self._firsts(queue)
+        heapq.heapify(pending)
+        asked: set[Key] = set()
+        while pending:
+            number, key = heapq.heappop(pending)
+            if key in asked or key not in self.waiting:
+                continue
+            asked.add(key)
+            url = self.waiting[key][0]
+            ask(key)
+            if self.waiting.get(key, (None,))[0] != url:  # it went, or waits elsewhere now
+                for first in self._firsts(self._queues.get(url, [])):
+                    if first[0] > number:
+                        heapq.heappush(pending, first)
+
+    def _ahead(self, url: str, since: float) -> int:
+        """Whether a request that has waited since ``since`` has anyone before it in the
+        replica's queue (1) or not (0)."""
+        queue = self._queues.get(url)
+        return 1 if queue and queue[0][0] < since else 0
+
+    @staticmethod
+    def _firsts(queue: list[tuple[float, int, Key]]) -> list[tuple[int, Key]]:
+        """A queue's first waiters: those that came at its earliest instant."""
+        if not queue:
+            return []
+        earliest = queue[0][0]
+        return [(n, k) for t, n, k in itertools.takewhile(lambda e: e[0] == earliest, queue)]
+
+    def _wait(self, key: Key, url: str, since: float, *, roaming: bool) -> None:
+        """The request of ``key`` waits for ``url`` (it keeps its place by ``since``)."""
+        if roaming:
+            self._roaming.add(key)
+        else:
+            self._roaming.discard(key)
+        old = self.waiting.get(key)
+        if old == (url, since):
+            return
+        if old is not None:
+            self._dequeue(key, *old)
+        number = self._arrival.setdefault(key, next(self._arrivals))
+        self.waiting[key] = (url, since)
+        bisect.insort(self._queues.setdefault(url, []), (since, number, key))
+
+    def _leave(self, key: Key) -> bool:
+        """``key`` waits no more; whether it was waiting."""
+        self._roaming.discard(key)
+        old = self.waiting.pop(key, None)
+        if old is None:
+            return False
+        self._dequeue(key, *old)
+        del self._arrival[key]
+        return True
+
+    def _dequeue(self, key: Key, url: str, since: float) -> None:
+        queue = self._queues[url]
+        entry = (since, self._arrival[key], key)
+        del queue[bisect.bisect_left(queue, entry)]
+        if not queue:
+            del self._queues[url]
 
     def _expire(self, now: float) -> None:
         for members in self.members.values():

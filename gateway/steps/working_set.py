@@ -6,10 +6,12 @@ A request asks for its session's replica (its assignment), or, for a session wit
 for the routable replica with the most room beside its working set (as this gateway
 counts it, the scrape's usage included; ties: the fewest members), where the policy then
 routes it (``RouteHints.admitted``); a failover elsewhere moves its share (``started``).
-Refused, it waits on an ``asyncio.Event`` that every change of the state sets (a request
-admitted, a reply ended, a waiter gone) or until the admission's ``retry_at`` (a
-reservation ending, its own deadline), then asks again; first come first served is the
-admission's. After ``admission_max_wait_s`` it goes anyway
+Refused, it waits until the admission's ``retry_at`` (a reservation ending, its own
+deadline), then asks again; and at every change of the state (a request admitted, a reply
+ended, a waiter gone) the gate asks again for the waiters the admission names
+(``WorkingSetAdmission.wake``: the first waiting for each replica, those whose replica is
+chosen by room), not for every waiter, each of which would count its queue: first come
+first served is the admission's. After ``admission_max_wait_s`` it goes anyway
 (``timed_out``): refusing it would only make an agent retry and lose its place, while the
 bound keeps the wait it adds known. One gateway process sees its own requests: several
 processes each keep their own sets (the replicas' scraped usage covers the others').
@@ -18,14 +20,13 @@ processes each keep their own sets (the replicas' scraped usage covers the other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway import metrics
 from router import ReplicaPool
-from router.admission_seam import AdmissionRequest, admission_request, relocate
+from router.admission_seam import AdmissionRequest, AdmissionVerdict, admission_request, relocate
 from router.inputs import snapshot
 from router.working_set_admission import WorkingSetAdmission
 
@@ -41,6 +42,22 @@ class Ticket:
     done: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    """A request waiting at the gate: what it asks with, when its own timer asks again,
+    and, once its wait is over, the request admitted (None: no replica was routable) and
+    the verdict. ``changed`` is set when either changes."""
+
+    tenant: str
+    session: str
+    replica: str | None
+    tokens: int
+    start: float
+    retry_at: float
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    done: tuple[AdmissionRequest | None, AdmissionVerdict] | None = None
+
+
 class WorkingSetGate:
     def __init__(
         self,
@@ -51,7 +68,7 @@ class WorkingSetGate:
         self.admission = admission
         self.pool = pool
         self.clock = clock
-        self._changed = asyncio.Event()
+        self._waiters: dict[tuple[str, str], list[_Waiter]] = {}  # a session's, in order
 
     def holds(self, tenant: str, session: str, replica: str) -> bool:
         return self.admission.holds(tenant, session, replica, self.clock())
@@ -70,34 +87,91 @@ class WorkingSetGate:
         """Wait until the session may go to ``replica`` (its assignment; None: where the
         most KV is free), at most ``admission_max_wait_s``."""
         start = self.clock()
-        waiting = False
+        request = self._request(tenant, session, replica, tokens, start)
+        if request is None:
+            return Ticket(None)
+        verdict = self.admission.decide(request)
+        if verdict.admit:
+            self.admission.started(request)
+            self._notify()
+        else:
+            waiter = _Waiter(
+                tenant, session, replica, tokens, start, _retry_at(verdict, request.now)
+            )
+            waited = await self._wait(waiter)
+            if waited[0] is None:
+                return Ticket(None)
+            request, verdict = waited  # type: ignore[assignment]
+        metrics.ADMISSION_WAIT_SECONDS.labels(verdict.reason).observe(request.waited_s)
+        return Ticket(request, request.waited_s, verdict.reason)
+
+    async def _wait(self, waiter: _Waiter) -> tuple[AdmissionRequest | None, AdmissionVerdict]:
+        key = (waiter.tenant, waiter.session)
+        self._waiters.setdefault(key, []).append(waiter)
+        metrics.ADMISSION_WAITING.inc()
         try:
-            while True:
-                request = self._request(tenant, session, replica, tokens, start)
-                if request is None:
-                    return Ticket(None)
-                verdict = self.admission.decide(request)
-                if verdict.admit:
-                    break
-                if not waiting:
-                    waiting = True
-                    metrics.ADMISSION_WAITING.inc()
-                changed = self._changed
-                timeout = max(0.0, (verdict.retry_at or request.now + 1.0) - request.now)
-                # A timeout: a reservation ended, or the deadline came; ask again.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout)
+            while waiter.done is None:
+                waiter.changed.clear()
+                timeout = max(0.0, waiter.retry_at - self.clock())
+                try:
+                    await asyncio.wait_for(waiter.changed.wait(), timeout)
+                except TimeoutError:  # a reservation ended, or the deadline came
+                    if self._ask(waiter):
+                        self._notify()
+            return waiter.done
         except BaseException:  # the client went away while it waited
-            self.admission.withdrawn(tenant, session)
+            if waiter.done is None:
+                self._drop(waiter)
+                self.admission.withdrawn(waiter.tenant, waiter.session)
+            elif waiter.done[0] is not None:  # admitted meanwhile, never sent
+                request = waiter.done[0]
+                self.admission.ended(
+                    request.tenant, request.session, request.replica, self.clock(), served=False
+                )
             self._notify()
             raise
         finally:
-            if waiting:
-                metrics.ADMISSION_WAITING.dec()
-        self.admission.started(request)
-        self._notify()
-        metrics.ADMISSION_WAIT_SECONDS.labels(verdict.reason).observe(request.waited_s)
-        return Ticket(request, request.waited_s, verdict.reason)
+            metrics.ADMISSION_WAITING.dec()
+
+    def _ask(self, waiter: _Waiter) -> bool:
+        """Ask again for a waiting request: admitted (its share starts) or no replica
+        routable, its wait is over (True); refused, its timer moves to the new verdict's."""
+        request = self._request(
+            waiter.tenant, waiter.session, waiter.replica, waiter.tokens, waiter.start
+        )
+        if request is None:
+            self.admission.withdrawn(waiter.tenant, waiter.session)
+            waiter.done = (None, AdmissionVerdict(True))
+        else:
+            verdict = self.admission.decide(request)
+            if not verdict.admit:
+                waiter.retry_at = _retry_at(verdict, request.now)
+                waiter.changed.set()
+                return False
+            self.admission.started(request)
+            waiter.done = (request, verdict)
+        self._drop(waiter)
+        waiter.changed.set()
+        return True
+
+    def _drop(self, waiter: _Waiter) -> None:
+        key = (waiter.tenant, waiter.session)
+        waiters = self._waiters.get(key, [])
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters:
+            self._waiters.pop(key, None)
+
+    def _ask_session(self, key: tuple[str, str]) -> None:
+        """Ask for the session's waiting requests in order while they are admitted (after
+        the first, the session is a member: any other of its requests goes too)."""
+        waiters = self._waiters.get(key)
+        if not waiters:  # nobody waits for this entry any more
+            self.admission.withdrawn(*key)
+            return
+        for waiter in list(waiters):
+            if not self._ask(waiter):
+                return
 
     def started(self, ticket: Ticket, url: str) -> None:
         """The replica that accepted the request, when the policy placed it elsewhere than
@@ -121,6 +195,11 @@ class WorkingSetGate:
         self._notify()
 
     def _notify(self) -> None:
-        """Wake every waiter to ask again (each keeps its place in the admission's queue)."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """The state changed: ask again for the waiters that may go now, as the admission
+        names them (each keeps its place in its queue)."""
+        if self._waiters:
+            self.admission.wake(self._ask_session)
+
+
+def _retry_at(verdict: AdmissionVerdict, now: float) -> float:
+    return verdict.retry_at if verdict.retry_at is not None else now + 1.0

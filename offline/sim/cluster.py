@@ -10,8 +10,8 @@ builds deciding, the admission seam, the in-flight count, the assignment written
 first token) against a ``ReplicaPool`` whose replicas carry what the gateway would see: the
 last scrape of each engine (running, waiting, KV usage; every ``scrape_interval_s``) and the
 gateway's own in-flight count. A request the admission seam holds back waits at the
-gateway, first come first served, and is asked again at its ``retry_at`` and whenever a
-reply ends.
+gateway, first come first served, and is asked again at its ``retry_at`` and, when a
+reply ends, if the admission names it among those that may go (``Admission.wake``).
 
 Everything random comes from the seed: session s draws its trajectory and think times from
 its own generator, so two cells (policies, strategies) with one seed replay the same
@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -169,9 +168,10 @@ class _Cluster:
         )
         self.reads_chain = isinstance(self.policy, PrefixTreePolicy)
         # Each session's request in flight (a session has one at a time), and the routed
-        # requests the admission seam holds at the gateway, in arrival order.
+        # requests the admission seam holds at the gateway: (tenant, session) -> the
+        # request and when its own timer asks again.
         self.routed: dict[int, Routed] = {}
-        self.held: deque[tuple[Routed, SimRequest]] = deque()
+        self.held: dict[tuple[str, str], tuple[Routed, SimRequest, float | None]] = {}
         self.engines = [
             SimReplica.create(i, self.cost, config.seed, priority=config.priority)
             for i in range(config.replicas)
@@ -235,7 +235,7 @@ class _Cluster:
             elif kind == _ARRIVE:
                 self.arrive(now)
             elif kind == _RETRY:
-                self.admit_held(now)
+                self.retry_held(now, a)
         if counters_at_warmup is None:  # the run ended within its warm-up
             counters_at_warmup = _counters(self.engines)
         self.measure(now, counters_at_warmup)
@@ -346,23 +346,47 @@ class _Cluster:
 
     def hold(self, now: float, routed: Routed, req: SimRequest, retry_at: float | None) -> None:
         """The admission seam holds the request at the gateway."""
-        self.held.append((routed, req))
-        if retry_at is not None:
-            self.push(_later(now, retry_at), _RETRY)
+        self.held[(routed.tenant, routed.session)] = (routed, req, None)
+        self.set_retry(now, routed, req, retry_at)
+
+    def set_retry(
+        self, now: float, routed: Routed, req: SimRequest, retry_at: float | None
+    ) -> None:
+        """A held request's own timer (a gateway waiter's timeout): it asks again at
+        ``retry_at``; a later verdict's time replaces an earlier one's."""
+        key = (routed.tenant, routed.session)
+        at = None if retry_at is None else _later(now, retry_at)
+        if at is not None and at != self.held[key][2]:
+            self.push(at, _RETRY, req.session)
+        self.held[key] = (routed, req, at)
+
+    def ask_held(self, now: float, key: tuple[str, str]) -> bool:
+        """Ask again for a held request; admitted, it goes (True)."""
+        routed, req, _ = self.held[key]
+        verdict = self.routing.admit(routed, now)
+        if not verdict.admit:
+            self.set_retry(now, routed, req, verdict.retry_at)
+            return False
+        del self.held[key]
+        self.dispatch(now, routed, req)
+        return True
+
+    def retry_held(self, now: float, session: int) -> None:
+        """A held request's timer: it asks again (unless it went, or a later verdict moved
+        its timer); admitted, the state changed for the others."""
+        s = self.sessions.get(session)
+        key = (SIM_TENANT, s.key) if s is not None else None
+        if key is None or key not in self.held or self.held[key][2] != now:
+            return
+        if self.ask_held(now, key):
+            self.admit_held(now)
 
     def admit_held(self, now: float) -> None:
-        """Ask again for every held request, in arrival order, as the gateway's waiters
-        all ask again when the admission's state changes (the admission keeps each one's
-        place in its replica's queue)."""
-        held, self.held = self.held, deque()
-        for routed, req in held:
-            verdict = self.routing.admit(routed, now)
-            if verdict.admit:
-                self.dispatch(now, routed, req)
-            else:
-                self.held.append((routed, req))
-                if verdict.retry_at is not None:
-                    self.push(_later(now, verdict.retry_at), _RETRY)
+        """The admission's state changed: ask again the held requests it names (those that
+        may go now, in arrival order), as the gateway asks its waiters."""
+        admission = self.routing.admission
+        if admission is not None and self.held:
+            admission.wake(lambda key: self.ask_held(now, key))
 
     def dispatch(self, now: float, routed: Routed, req: SimRequest) -> None:
         """An admitted request routed (by the policy, or as a measured run's log says) and

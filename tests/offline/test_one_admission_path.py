@@ -2,9 +2,11 @@
 has no request waiting or running; a reply ends only when running), more sessions than the
 pools hold, through the gateway's working-set step (``WorkingSetGate``: its
 admission before routing, ``with_failover``, the move of a session's share at the first
-chunk, the end of the reply) and through the simulator's (``SimRouting``, its requests held
-at the gateway in arrival order as ``offline.sim.cluster`` holds them) admits the same
-requests, for the same replicas, in the same order and at the same times."""
+chunk, the end of the reply) and through the simulator's (``SimRouting``, its held requests
+asked again as ``offline.sim.cluster`` asks them: those the admission's ``wake`` names)
+admits the same requests, for the same replicas, in the same order and at the same times
+as asking every held request again at every reply end, in arrival order (what both did
+before the admission named the waiters that may go)."""
 
 from __future__ import annotations
 
@@ -130,14 +132,17 @@ def _assign(url: str, expected: str | None) -> Assign:
     return Assign(url, expected=expected, ttl_s=3600.0)
 
 
-def through_the_simulator(events: list[Send | End]) -> list[Admitted]:
+def through_the_simulator(events: list[Send | End], *, ask_all: bool = False) -> list[Admitted]:
+    """``ask_all``: at a reply end ask every held request again in arrival order, not only
+    those the admission names."""
     assignments = MemoryAssignments()
     policy = make_policy("sticky_cost", assignments=assignments, cost=get_preset("cpu-tiny"))
     replicas = pool()
-    routing = SimRouting(policy, replicas, assignments, admission())
+    admission_ = admission()
+    routing = SimRouting(policy, replicas, assignments, admission_)
     admitted: list[Admitted] = []
     running: dict[str, Routed] = {}
-    held: list[Routed] = []
+    held: dict[tuple[str, str], Routed] = {}
 
     def go(routed: Routed, now: int, outcome: str) -> None:
         routing.route(routed)
@@ -146,17 +151,23 @@ def through_the_simulator(events: list[Send | End]) -> list[Admitted]:
         admitted.append((now, routed.session, routed.admitted.replica, outcome))
         running[routed.session] = routed
 
+    def ask(key: tuple[str, str], now: int) -> None:
+        routed = held[key]
+        verdict = routing.admit(routed, float(now))
+        if verdict.admit:
+            del held[key]
+            go(routed, now, verdict.reason)
+
     def admit_held(now: int) -> None:
-        # As offline.sim.cluster does: each held request asks again, in arrival order.
-        for routed in list(held):
-            verdict = routing.admit(routed, float(now))
-            if verdict.admit:
-                held.remove(routed)
-                go(routed, now, verdict.reason)
+        if ask_all:
+            for key in list(held):
+                ask(key, now)
+        else:  # as offline.sim.cluster does
+            admission_.wake(lambda key: ask(key, now))
 
     for now, event in enumerate(events):
         if isinstance(event, Send):
-            if event.session in running or any(r.session == event.session for r in held):
+            if event.session in running or (TENANT, event.session) in held:
                 continue
             routed = routing.prepare(
                 TENANT, event.session, prompt_tokens=event.tokens, last_prompt_tokens=None,
@@ -166,7 +177,7 @@ def through_the_simulator(events: list[Send | End]) -> list[Admitted]:
             if verdict.admit:
                 go(routed, now, verdict.reason)
             else:
-                held.append(routed)
+                held[(TENANT, event.session)] = routed
         elif event.session in running:
             routing.ended(running.pop(event.session), float(now))
             admit_held(now)
@@ -178,6 +189,7 @@ async def test_the_gateway_and_the_simulator_admit_alike() -> None:
     gateway = await through_the_gateway(events)
     simulated = through_the_simulator(events)
     assert simulated == gateway
+    assert through_the_simulator(events, ask_all=True) == gateway
     outcomes = {outcome for *_, outcome in gateway}
     assert "waited" in outcomes, "the script should make requests wait"
     assert {replica for _, _, replica, _ in gateway} == set(URLS)

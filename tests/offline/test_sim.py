@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -735,23 +736,33 @@ def test_peer_cells_are_read_in_foldgates_format_and_simulated_by_their_policy(
 
 
 class OneAtATime:
-    """A test admission: a request waits while its replica serves another (retry at the
-    next reply end), so the seam's hold, retry and release paths all run."""
+    """A test admission: a request waits while its replica serves another (asked again at
+    the next reply end: ``wake`` names every waiter), so the seam's hold, retry and release
+    paths all run."""
 
     def __init__(self) -> None:
         self.busy: set[str] = set()
+        self.waiting: dict[tuple[str, str], None] = {}  # in arrival order
 
     @classmethod
     def from_knobs(cls, knobs: Any) -> OneAtATime:
         return cls()
 
     def decide(self, request: AdmissionRequest) -> AdmissionVerdict:
+        key = (request.tenant, request.session)
         if request.replica in self.busy:
+            self.waiting.setdefault(key)
             return AdmissionVerdict(False, "busy")
+        self.waiting.pop(key, None)
         return AdmissionVerdict(True)
 
     def started(self, request: AdmissionRequest) -> None:
         self.busy.add(request.replica)
+
+    def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
+        for key in list(self.waiting):
+            if key in self.waiting:
+                ask(key)
 
     def ended(
         self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
@@ -783,6 +794,66 @@ def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_comp
     off = run("off")  # the default: every request goes at once
     assert off.requests == 6 * steps and max(off.admission_wait_s) == 0.0
     assert off.window_s < held.window_s
+
+
+class DeadlineAtNow:
+    """A test admission whose refusal says to ask again at the instant it was asked (what
+    ``now + max_wait - waited`` gives where it rounds to ``now``); it admits a request asked
+    at a later instant than its first ask, and fails one asked again and again at one."""
+
+    ASKS_AT_ONE_INSTANT = 100
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, str], float] = {}
+        self.asks: dict[tuple[tuple[str, str], float], int] = {}
+
+    @classmethod
+    def from_knobs(cls, knobs: Any) -> DeadlineAtNow:
+        return cls()
+
+    def decide(self, request: AdmissionRequest) -> AdmissionVerdict:
+        key = (request.tenant, request.session)
+        first = self.first.setdefault(key, request.now)
+        if request.now > first:
+            del self.first[key]
+            return AdmissionVerdict(True, "waited")
+        asks = self.asks[(key, request.now)] = self.asks.get((key, request.now), 0) + 1
+        assert asks < self.ASKS_AT_ONE_INSTANT, "asked again and again at one instant"
+        return AdmissionVerdict(False, "waiting", retry_at=request.now)
+
+    def started(self, request: AdmissionRequest) -> None:
+        return None
+
+    def ended(
+        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+    ) -> None:
+        return None
+
+    def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
+        for key in list(self.first):
+            if key in self.first:
+                ask(key)
+
+
+def test_a_held_requests_next_ask_is_after_the_instant_it_was_refused_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry time at (or before) the refusal's instant is asked after it, not at it:
+    simulated time stands still between events, so asking at that instant again would
+    repeat forever (38a1832)."""
+    monkeypatch.setitem(ADMISSIONS, "deadline_at_now", DeadlineAtNow.from_knobs)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    steps = len(workload.runs[("tiny", "base")].steps)
+    config = SimConfig(policy="sticky", strategy="base", cost=cost(kv_pool_tokens=50_000),
+                       replicas=2, concurrency=3, sessions=3, think_s=1.0, warmup_s=0.0,
+                       admission="deadline_at_now")  # fmt: skip
+    held = simulate(workload, config)
+    assert held.requests == 3 * steps  # every request went, each at its second ask
+    assert all(0 < w < 1e-6 for w in held.admission_wait_s), held.admission_wait_s
 
 
 def test_a_time_scale_stretches_a_fixed_work_cell_by_its_factor(tmp_path: Path) -> None:
