@@ -143,6 +143,13 @@ class GatewayConfig:
     """Longest admission wait; past it the request goes anyway (never refused), and the
     paused sessions vLLM evicts for it leave the set. Long enough for a member to finish or
     its reservation to end: a request that goes at 5 s overflows the pool."""
+    admission_work_conserving: bool = True
+    """With ``admission``: the first waiter for a replica goes before room comes when waiting
+    would cost more than going, priced by ``cost_model``: the restores of the paused
+    sessions it evicts, and its prefill's slowdown of the replica's running requests,
+    against the soonest room can come (``router.working_set.admits_early``); a replica
+    whose members are all in their pauses then serves its waiters instead of idling.
+    Off: a waiter waits for room or the bound."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""
@@ -235,7 +242,15 @@ def _from_env(name: str, raw: str) -> Any:
         return int(raw)
     if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds
         return int(raw)
-    if name in {"ui", "debug", "upstream_priority", "admission", "pause_reservation", "kv_events"}:
+    if name in {
+        "ui",
+        "debug",
+        "upstream_priority",
+        "admission",
+        "pause_reservation",
+        "kv_events",
+        "admission_work_conserving",
+    }:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
     if name.endswith("_s") or name in {"rehome_margin", "admission_kv_fraction"}:
         return float(raw)

@@ -95,8 +95,8 @@ def cache_callbacks(name: str) -> dict[str, Callable[[int], None]]:
 ADMISSION_WAIT_SECONDS = Histogram(
     "foldgate_admission_wait_seconds",
     "Time a request waited at the gateway for its session to enter its replica's working set "
-    "(gateway.steps.working_set), by outcome: admitted (no wait), waited, timed_out (went "
-    "after admission_max_wait_s)",
+    "(gateway.steps.working_set), by outcome: admitted (no wait), waited, priced (went before "
+    "room came: waiting cost more than going), timed_out (went after admission_max_wait_s)",
     ["outcome"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
 )

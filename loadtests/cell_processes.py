@@ -67,6 +67,18 @@ def toml_text(overrides: tuple[Override, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gateway_env(cell: Cell, settings: Settings, cell_dir: Path) -> dict[str, str]:
+    """The cell's gateway's environment. sticky_cost and admission price with the replicas'
+    cost model: the profile's, unless the variant names its own (a ``FOLDGATE_*`` variable
+    would override the variant's config file)."""
+    env = {**_env(), "FOLDGATE_HOME": str(cell_dir)}
+    if "cost_model" in dict(cell.overrides):
+        env.pop("FOLDGATE_COST_MODEL", None)
+    else:
+        env["FOLDGATE_COST_MODEL"] = settings.cost_model
+    return env
+
+
 @contextmanager
 def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
     """``foldgate serve`` for the cell on a fresh SQLite store, with the cell's variant's
@@ -88,8 +100,7 @@ def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> 
     if cell.server == "ray":
         cmd.append("--ray")
     log = (cell_dir / "gateway.log").open("wb")
-    # sticky_cost prices moves with the replicas' cost model: here the tiny CPU model's.
-    env = {**_env(), "FOLDGATE_HOME": str(cell_dir), "FOLDGATE_COST_MODEL": settings.cost_model}
+    env = gateway_env(cell, settings, cell_dir)
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )

@@ -32,6 +32,11 @@ Presets:
   against a live replica, the serving-path terms by ``foldgate simulate-fit --experiment``
   from a Locust experiment's request log (the figures below are those commands' output on
   this workplace's 2-core machine).
+- ``cpu-tiny-loaded``: the same replicas as the pressure profile runs them, two on a 2-core
+  machine beside the gateway, Locust and other work (load average 5-15): one uncached token
+  costs ~20x what ``cpu-tiny``'s probes of a replica alone on a core measured, which is
+  what a session whose prefix was evicted pays to bring it back there.
+
 A replica with vLLM's CPU KV offload tier (``--kv-offloading-size``, ``offload_tokens`` of
 it) copies blocks it evicts to host memory and loads them back on a hit there: bringing an
 evicted prefix back costs ``reload_s`` (its KV bytes over the host link,
@@ -210,6 +215,14 @@ PRESETS: dict[str, CostModel] = {
         offload_bytes_per_s=10e9,
     ),
 }
+# The pressure profile's replicas (loadtests/experiments.toml): the 2026-12-02 runs measured
+# a 3k-token re-prefill at ~1 s of client TTFT and a 6k one at 4-6 s (per_request_s
+# 0.225 s of it), 0.26 and 0.8 ms per uncached token; the middle of the two, against
+# cpu-tiny's 24 us (42 us measured on an idle replica, 2026-12-01). What admission prices
+# a restore with there (router.working_set.admits_early).
+PRESETS["cpu-tiny-loaded"] = replace(
+    PRESETS["cpu-tiny"], name="cpu-tiny-loaded", per_prefill_token_s=5e-4
+)
 
 
 def get_preset(name: str) -> CostModel:

@@ -56,11 +56,13 @@ class Knobs:
     eviction_interval_s: float = 120.0
     max_tree_size: int = 2**26
     # Working-set admission (router.working_set_admission; the gateway's config of the same
-    # names): the pool share the set may fill, the longest wait, pause reservations.
+    # names): the pool share the set may fill, the longest wait, pause reservations, whether
+    # a waiter goes when its wait costs more than going.
     admission_kv_fraction: float = 0.9
     admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
     pause_reservation: bool = True
     reservation_max_s: float = 120.0
+    admission_work_conserving: bool = True
 
     def cost_model(self) -> CostModel:
         if self.cost is None:

@@ -13,10 +13,17 @@ A session is in its replica's working set while a request of it runs there, or w
 pause reservation lasts: the footprint (its last prompt) is held for as long as the
 session's own pauses say it will be gone, when bringing it back would cost more than an
 engine step (``reservation_s``); a session idle past its reservation leaves the set.
+
+Waiting is not free, though: while a replica's other sessions wait, its own members may all
+be in their pauses and its engine idle. ``admits_early`` lets the first waiter go when the
+wait costs more than what admitting it costs (``CostModel``: the paused members' restores,
+the running requests' slowdown), so the controller never idles an engine to save less than
+the wait.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -116,6 +123,100 @@ def revoked(
         out.append(key)
         del holding[key]
     return out
+
+
+def room_at(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+) -> float | None:
+    """The soonest the request fits beside the set by waiting: when enough paused members'
+    reservations have ended (soonest ending first) if none of them came back first; ``now``
+    when it fits already; None when the running members alone leave it no room (it then
+    fits only once some of them end, which nothing here says when)."""
+    holding = {k: m for k, m in members.items() if k != session and m.holds(now)}
+    ending = sorted(
+        (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].reserved_until
+    )
+    at = now
+    for key in [None, *ending]:
+        if key is not None:
+            at = holding.pop(key).reserved_until
+        if not holding or occupied_tokens(room, list(holding.values()), now) + tokens <= (
+            fraction * room.pool_tokens
+        ):
+            return at
+    return None
+
+
+def eviction_s(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+    cost: CostModel,
+) -> float:
+    """What going now costs the paused members it evicts: the tokens past the set's share,
+    taken from the members ``revoked`` names in vLLM's eviction order, each losing its
+    prompt's tail (vLLM frees a finished request's blocks tail first, ``free_blocks(
+    reversed(blocks))``, so the head of an evicted prefix still hits), brought back
+    (``CostModel.restore_s``) when its session returns."""
+    holding = [m for key, m in members.items() if key != session and m.holds(now)]
+    over = occupied_tokens(room, holding, now) + tokens - fraction * room.pool_tokens
+    total = 0.0
+    for key in revoked(room, members, session, tokens, now, fraction=fraction):
+        part = max(0, min(members[key].tokens, math.ceil(over)))
+        total += cost.restore_s(part)
+        over -= part
+    return total
+
+
+def admits_early(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+    cost: CostModel,
+    running: int,
+    deadline: float,
+) -> bool:
+    """Whether a request that does not fit beside the set (``admits`` said no) and is
+    first in its replica's queue goes now anyway, because its wait costs more than going.
+
+    Both sides in seconds of the sessions' time, the one cost model's. Going now costs the
+    paused members it evicts their restores when they return (``eviction_s``), and each of
+    the ``running`` requests on the replica the request's prefill, which vLLM v1's
+    scheduler mixes chunk by chunk into the steps that decode them (running requests are
+    scheduled first, a new prefill takes the step's remaining token budget), so every one of
+    them runs that much slower. Waiting costs the request the time until room comes
+    (``room_at``), counted from the soonest it can come: the paused members coming back
+    within their reservations (what reservations are sized for) only makes the wait
+    longer, so going is never a loss when it wins against this lower bound.
+
+    With its members paused the replica runs nothing (``running`` 0): the engine time the
+    restores take later is time it idles now, and the request goes whenever those restores
+    cost less than the wait. Where room comes only past ``deadline`` (the end of the
+    request's admission wait), waiting ends in a timeout that revokes the same paused
+    sessions, so it goes now. Where the running members alone hold the room it waits:
+    going would make vLLM preempt them, not evict the paused."""
+    at = room_at(room, members, session, tokens, now, fraction=fraction)
+    if at is None:
+        return False
+    if at >= deadline:
+        return True
+    going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
+    going += running * cost.prefill_s(tokens)
+    return going < at - now
 
 
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:

@@ -13,7 +13,9 @@ caller, which asks them again when the state changed); each session's recent pau
 waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves. A request
 that goes without room (that one, or a member's whose prefix grew past it) takes the
 reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
-the set never counts more than the pool holds.
+the set never counts more than the pool holds. With ``work_conserving`` the first waiter
+also goes before that, when its wait costs more than going (``admits_early``: the replica
+idling through its members' pauses, their restores cheap): reason ``priced``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from router.working_set import (
     Member,
     Room,
     admits,
+    admits_early,
     expected_pause_s,
     next_release,
     occupied_tokens,
@@ -68,6 +72,7 @@ class WorkingSetAdmission:
         reserve: bool = True,
         reservation_max_s: float = 120.0,
         pool_tokens: int | None = None,
+        work_conserving: bool = True,
     ) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"admission_kv_fraction must be in (0, 1], got {fraction}")
@@ -79,6 +84,7 @@ class WorkingSetAdmission:
         self.reserve = reserve
         self.reservation_max_s = reservation_max_s
         self.pool_tokens = pool_tokens  # where a replica's scrape has none
+        self.work_conserving = work_conserving
         self.members: dict[str, dict[Key, Member]] = {}
         self.waiting: dict[Key, tuple[str, float]] = {}  # -> (replica, since), arrival order
         # Per replica, its waiters by (since, arrival number); the arrival numbers; the
@@ -98,6 +104,7 @@ class WorkingSetAdmission:
             max_wait_s=knobs.admission_max_wait_s,
             reserve=knobs.pause_reservation,
             reservation_max_s=knobs.reservation_max_s,
+            work_conserving=knobs.admission_work_conserving,
         )
 
     def room(self, candidate: Candidate | None) -> Room | None:
@@ -145,6 +152,10 @@ class WorkingSetAdmission:
             self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
+        if self.work_conserving and ahead == 0 and self._early(request, candidate, room, members):
+            self._leave(key)
+            self._revoke(room, members, key, request.prompt_tokens, now)
+            return AdmissionVerdict(True, "priced")
         self._wait(key, url, since, roaming=request.roaming)
         release = next_release(members, now)
         deadline = now + self.max_wait_s - request.waited_s
@@ -184,6 +195,26 @@ class WorkingSetAdmission:
             else:
                 del members[key]
         self._expire(now)
+
+    def _early(
+        self,
+        request: AdmissionRequest,
+        candidate: Candidate | None,
+        room: Room,
+        members: dict[Key, Member],
+    ) -> bool:
+        """``admits_early`` for a waiter first in its queue: the replica's requests are the
+        most of its scrape (running and waiting), this gateway's in flight there, and its
+        running members."""
+        counted = [sum(m.running for m in members.values())]
+        if candidate is not None:
+            counted += [candidate.running + candidate.waiting, candidate.in_flight]
+        deadline = request.now + self.max_wait_s - request.waited_s
+        return admits_early(
+            room, members, (request.tenant, request.session), request.prompt_tokens,
+            request.now, fraction=self.fraction, cost=self.cost,
+            running=math.ceil(max(counted)), deadline=deadline,
+        )  # fmt: skip
 
     def _revoke(
         self, room: Room, members: dict[Key, Member], key: Key, tokens: int, now: float

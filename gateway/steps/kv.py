@@ -81,6 +81,7 @@ class KvControl:
                 reserve=config.pause_reservation,
                 reservation_max_s=config.reservation_max_s,
                 pool_tokens=config.kv_pool_tokens,
+                work_conserving=config.admission_work_conserving,
             )
             self.gate = WorkingSetGate(admission, pool)
         self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None

@@ -118,7 +118,7 @@ def kv_config(redis_url: str, **overrides) -> GatewayConfig:
 
 async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_url):
     before = {o: sample("foldgate_admission_wait_seconds_count", outcome=o) for o in
-              ("admitted", "waited", "timed_out")}  # fmt: skip
+              ("admitted", "waited", "priced", "timed_out")}  # fmt: skip
     reply = ScriptedReply(content="ok", first_chunk_delay_s=0.3)
     async with LoopLag() as lag:
         _, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
@@ -136,7 +136,8 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
         o: sample("foldgate_admission_wait_seconds_count", outcome=o) - before[o] for o in before
     }
     assert sum(counted.values()) == SESSIONS * STEPS
-    assert counted["waited"] + counted["timed_out"] > 0
+    # Some went only after a wait, or before room came because waiting cost more (priced).
+    assert counted["waited"] + counted["timed_out"] + counted["priced"] > 0
     # Priority: a session's first request is a cold start (1), a continuing one on the
     # replica that holds it is warm (0); every request carries one.
     assert all(b["priority"] in (0, 1) for b in bodies)

@@ -16,13 +16,20 @@ import pytest
 
 from deploy.cpu.replicas import free_ports
 from deploy.cpu.vllm_server import KV_EVENTS_PORT_OFFSET, kv_events_args, kv_events_endpoint
-from loadtests.cell_processes import ExperimentError, router_command, toml_text, vllm_router
+from loadtests.cell_processes import (
+    ExperimentError,
+    gateway_env,
+    router_command,
+    toml_text,
+    vllm_router,
+)
 from loadtests.experiment import run_order
 from loadtests.plan import PlanError, load_profile, unknown_overrides
 from loadtests.report_answers import answers, verdict
 from loadtests.report_tables import aggregate, table
 from loadtests.results import capacity, session_times
 from loadtests.vllm_metrics import admission_wait_max
+from router.cost import get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +125,15 @@ def test_the_shipped_peer_profiles_load() -> None:
     assert {c.think_time for c in peers.cells} == {"0", "2:0.5"}
     assert peers.settings.runs >= 2 and peers.settings.kv_events
     pressure = load_profile("pressure")
-    assert {c.variant for c in pressure.cells if c.arm == "gateway"} == {"kv_on", "kv_off"}
+    variants = {c.variant: dict(c.overrides) for c in pressure.cells if c.arm == "gateway"}
+    assert set(variants) == {"kv_on", "kv_on_tiny", "kv_off"}
+    # kv_on prices with the preset of its loaded replicas, through the gateway's config file.
+    assert get_preset(variants["kv_on"]["cost_model"]).name == "cpu-tiny-loaded"
+    kv_on = next(c for c in pressure.cells if c.variant == "kv_on")
+    assert "FOLDGATE_COST_MODEL" not in gateway_env(kv_on, pressure.settings, Path("/x"))
+    kv_off = next(c for c in pressure.cells if c.variant == "kv_off")
+    env = gateway_env(kv_off, pressure.settings, Path("/x"))
+    assert env["FOLDGATE_COST_MODEL"] == pressure.settings.cost_model == "cpu-tiny"
     assert pressure.settings.step_users == (2, 4, 8, 12, 16)
     assert min(c.users for c in pressure.cells if c.load == "sessions") >= 8
 
