@@ -3,11 +3,12 @@
 Each variant is a relay process with one setting changed from what foldgate runs (uvicorn
 with httptools on uvloop, ``gateway.upstream``'s aiohttp client reading line by line): the
 server's protocol (h11), its event loop (asyncio), the upstream client (aiohttp read in
-chunks, httpx). All of them sit in front of the same fake instant upstream
-(``loadtests/fake_upstream.py``) and take the same requests in rotating order, with the
-direct call beside them (``bench/peer_fronts.curve``: sessions opened first, then timed),
-so the machine's drift hits every variant alike. Added latency p50/p99 against the direct
-call and requests per CPU-second of each relay process, per history size and concurrency.
+chunks; aiohttp read by lines without the per-line timeout; httpx). All of them sit in
+front of the same fake instant upstream (``loadtests/fake_upstream.py``) and take the same
+requests in rotating order, with the direct call beside them (``bench/peer_fronts.curve``:
+sessions opened first, then timed), so the machine's drift hits every variant alike. Added
+latency p50/p99 against the direct call and requests per CPU-second of each relay process,
+per history size and concurrency.
 
     .venv/bin/python bench/hops.py [--tokens 36000,200000] [--sessions 1,16]
         [--samples 128] [--per-session 4] [--variants NAME,...] [--json]
@@ -40,6 +41,7 @@ VARIANTS: dict[str, list[str]] = {
     "h11+uvloop+foldgate": ["--http", "h11"],
     "httptools+asyncio+foldgate": ["--loop", "asyncio"],
     "httptools+uvloop+aiohttp-chunks": ["--client", "aiohttp-chunks"],
+    "httptools+uvloop+aiohttp-lines": ["--client", "aiohttp-lines"],
     "httptools+uvloop+httpx": ["--client", "httpx"],
 }
 

@@ -10,11 +10,13 @@ rendering, no routing, no checks.
 The HTTP hops' alternatives, for ``bench/hops.py`` to measure against that floor: the
 server's protocol (``--http h11``) and event loop (``--loop asyncio``), and the upstream
 client: ``aiohttp-chunks`` (one aiohttp session, the body read in whatever chunks arrive
-and split into SSE lines, no per-line timeout) or ``httpx`` (an ``httpx.AsyncClient``, the
-same chunk reading).
+and split into SSE lines, no per-line timeout), ``aiohttp-lines`` (read line by line as
+``gateway.upstream`` does, without its per-line timeout) or ``httpx`` (an
+``httpx.AsyncClient``, the same chunk reading).
 
     .venv/bin/python bench/relay.py --port 8300 --upstream http://127.0.0.1:8100
-        [--http httptools|h11] [--loop uvloop|asyncio] [--client foldgate|aiohttp-chunks|httpx]
+        [--http httptools|h11] [--loop uvloop|asyncio]
+        [--client foldgate|aiohttp-chunks|aiohttp-lines|httpx]
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gateway.upstream import UpstreamClient
 
 SSE = [(b"content-type", b"text/event-stream")]
 JSON = {"content-type": "application/json"}
-CLIENTS = ("foldgate", "aiohttp-chunks", "httpx")
+CLIENTS = ("foldgate", "aiohttp-chunks", "aiohttp-lines", "httpx")
 
 
 class ChunkClient(Protocol):
@@ -87,6 +89,24 @@ class AiohttpChunks:
             await self.session.close()
 
 
+class AiohttpLines(AiohttpChunks):
+    """aiohttp read line by line as ``gateway.upstream`` reads, without its per-line
+    idle timeout: what the timeout costs."""
+
+    async def chunks(self, url: str, body: Any) -> AsyncIterator[dict[str, Any]]:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=0)
+            self.session = aiohttp.ClientSession(connector=connector)
+        reader = SSEReader()
+        async with self.session.post(
+            f"{url}/v1/chat/completions", data=orjson.dumps(body), headers=JSON
+        ) as resp:
+            while raw := await resp.content.readline():
+                event = reader.line(raw)
+                if event is not None and event.data != DONE:
+                    yield orjson.loads(event.data)
+
+
 class HttpxChunks:
     def __init__(self) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -110,9 +130,13 @@ class HttpxChunks:
 
 
 def make_client(name: str) -> ChunkClient:
-    return {"foldgate": FoldgateClient, "aiohttp-chunks": AiohttpChunks, "httpx": HttpxChunks}[
-        name
-    ]()
+    clients: dict[str, type[ChunkClient]] = {
+        "foldgate": FoldgateClient,
+        "aiohttp-chunks": AiohttpChunks,
+        "aiohttp-lines": AiohttpLines,
+        "httpx": HttpxChunks,
+    }
+    return clients[name]()
 
 
 class PlainRelay:
