@@ -34,7 +34,12 @@ The curve (``--curve``, implies ``--relay --peers``): added latency p50/p99 and 
 CPU-second of every front over history size (``--curve-tokens``, default about 8k, 36k, 100k
 and 200k tokens) at 1, 16 and 64 concurrent sessions (``--curve-sessions``), all fronts in
 one interleaved loop per point; a table, and a plot (``--plot``, default
-docs/overhead-peers.png). About four minutes on an idle 2-core machine.
+docs/overhead-peers.png). Each point runs rounds of new sessions: every session is opened
+(one untimed request to every front, all answered first), then the sessions run at once,
+each timing its last ``--curve-per-session`` requests, until ``--curve-samples`` requests
+per front are timed; so the figures are those of sessions in mid-run, not of sessions
+opening. With ``--baseline`` the other tree's gateway is one more front of the loop
+(``--baseline-label`` names it).
 
 Stages (``--stages``): where the gateway's CPU time goes per request, in this process, at the
 small and full history sizes: the pipeline's own steps called one by one on an SQLite store
@@ -45,7 +50,8 @@ collection are not in it; the latency columns include them.
         [--steps 64] [--kb 128] [--repeats 3] [--sessions 16] [--stages] [--json]
         [--baseline DIR] [--relay] [--peers [--router-policy P] [--no-litellm]]
     .venv/bin/python bench/overhead.py --curve [--curve-tokens 8000,36000,100000,200000]
-        [--curve-sessions 1,16,64] [--curve-samples 16] [--plot docs/overhead-peers.png]
+        [--curve-sessions 1,16,64] [--curve-samples 64] [--curve-per-session 4]
+        [--baseline DIR --baseline-label NAME] [--plot docs/overhead-peers.png]
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ from deploy.cpu.replicas import free_ports
 
 # Issue 10's aims for the added latency at a ~32k-token history (p50, "full" column).
 AIM_MS = {"uvicorn": 1.0, "ray": 1.5}
-THIS_TREE, BASELINE, RELAY = "this tree", "baseline", "plain relay"
+THIS_TREE, RELAY = "this tree", "plain relay"
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -198,7 +204,7 @@ async def run_mode(
     upstream = f"http://127.0.0.1:{fake_port}"
     trees: dict[str, tuple[int, Path | None]] = {THIS_TREE: (gateway_port, None)}
     if args.baseline:
-        trees[BASELINE] = (baseline_port, args.baseline)
+        trees[args.baseline_label] = (baseline_port, args.baseline)
     fake_log = tmp / "fake.log"
     rows = []
     fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
@@ -237,8 +243,9 @@ async def run_mode(
             sizes = [int(t) for t in args.curve_tokens.split(",") if t]
             sessions = [int(c) for c in args.curve_sessions.split(",") if c]
             return await curve(
-                gateways, pids, upstream, sizes, sessions, args.steps, args.curve_samples
-            )
+                gateways, pids, upstream, sizes, sessions, args.steps, args.curve_samples,
+                args.curve_per_session,
+            )  # fmt: skip
         # Warm-up: first-request costs (imports, connection setup, model discovery).
         await added_latency(gateways, upstream, bodies[:4], strategies[0], 1, 2)
         for strategy in strategies:
@@ -308,13 +315,14 @@ def report_curve(points: list[dict[str, Any]], meta: dict[str, Any], args: Any) 
     else:
         table = Table(title=title)
         for name in ("front", "history tok", "body KB", "sessions", "added ms p50 / p99",
-                     "req/CPU-s", "samples", "failed"):  # fmt: skip
+                     "req/CPU-s", "CPU-s", "rounds", "samples", "failed"):  # fmt: skip
             table.add_column(name, justify="left" if name == "front" else "right")
         for r in points:
             table.add_row(
                 r["front"], f"{r['history_tokens']:,}", f"{r['body_kb']:.0f}", str(r["sessions"]),
                 f"{r['added_ms_p50']:.2f} / {r['added_ms_p99']:.2f}",
-                f"{r['req_per_cpu_s']:.0f}", str(r["samples"]), str(r["failed"]),
+                f"{r['req_per_cpu_s']:.0f}", f"{r['cpu_s']:.2f}", str(r["rounds"]),
+                str(r["samples"]), str(r["failed"]),
             )  # fmt: skip
         for r in points:
             if r["failed"]:
@@ -354,6 +362,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "this one, the calls interleaved (uvicorn only)",
     )
     parser.add_argument(
+        "--baseline-label", default="baseline", help="the baseline's name in the tables"
+    )
+    parser.add_argument(
         "--relay",
         action="store_true",
         help="also time bench/relay.py, a plain relay with no gateway logic (the floor), "
@@ -378,7 +389,14 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--curve-tokens", default="8000,36000,100000,200000")
     parser.add_argument("--curve-sessions", default="1,16,64")
     parser.add_argument(
-        "--curve-samples", type=int, default=16, help="timed requests per front per point"
+        "--curve-samples", type=int, default=64, help="timed requests per front per point"
+    )
+    parser.add_argument(
+        "--curve-per-session",
+        type=int,
+        default=4,
+        help="timed requests per session (its last ones; the history within this many "
+        "steps of the point's size)",
     )
     parser.add_argument(
         "--keep-logs",
@@ -399,6 +417,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown mode(s) {', '.join(bad)}; choose from uvicorn, ray")
     if args.steps < 4 or not 1 <= args.bucket <= args.steps:
         parser.error("need --steps >= 4 and 1 <= --bucket <= --steps")
+    if args.curve and not 1 <= args.curve_per_session < args.steps:
+        parser.error("need 1 <= --curve-per-session < --steps")
     if args.repeats * args.bucket < 2:
         parser.error("need --repeats x --bucket >= 2 samples for a percentile")
     if (args.baseline is not None or args.relay or args.peers) and modes != ["uvicorn"]:

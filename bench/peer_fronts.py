@@ -107,18 +107,24 @@ async def curve_point(
     bodies: Sequence[bytes],
     sessions: int,
     per_session: int,
+    rounds: int,
 ) -> dict[str, dict[str, float]]:
-    """``sessions`` concurrent sessions, each sending its last ``per_session`` requests (after
-    one untimed warm-up request that opens it) directly and through every front, the order
+    """``rounds`` times: ``sessions`` new sessions are opened (one untimed request each,
+    every front, all of them answered before timing starts), then run concurrently, each
+    sending its last ``per_session`` requests directly and through every front, the order
     rotating per request: added latency = front - direct for the same body in the same
-    session. Requests per CPU-second: each front's requests over the CPU its process tree
-    spent meanwhile."""
+    session. The opening requests are a session's first, read whole by a gateway; left out
+    of the timed phase, they do not queue ahead of the timed ones: the figures are those of
+    sessions in mid-run. Requests per CPU-second: each front's timed requests over the CPU
+    its process tree spent in the timed phases."""
     json_type = {"content-type": "application/json"}
     timed = list(bodies[-per_session:])
     warm = bodies[-per_session - 1]
     added: dict[str, list[float]] = {name: [] for name in fronts}
     served = dict.fromkeys(fronts, 0)
+    cpu = dict.fromkeys(fronts, 0.0)
     failed: dict[str, list[str]] = {name: [] for name in ("direct", *fronts)}
+    Call = tuple[str, str, dict[str, str]]
 
     async def send(http: aiohttp.ClientSession, name: str, url: str, body: bytes,
                    headers: dict[str, str]) -> float | None:  # fmt: skip
@@ -129,15 +135,17 @@ async def curve_point(
             failed[name].append(str(exc) or type(exc).__name__)
             return None
 
-    async def one_session(http: aiohttp.ClientSession, index: int) -> None:
+    async def open_session(http: aiohttp.ClientSession) -> list[Call]:
         calls = [("direct", f"{upstream}/v1/chat/completions", json_type)]
         for name, url in fronts.items():
             headers = {**json_type, "x-session-id": f"curve-{uuid.uuid4()}"}
             headers |= front_headers(name)
             calls.append((name, f"{url}/v1/chat/completions", headers))
         for name, url, headers in calls[1:]:
-            if await send(http, name, url, warm, headers) is not None:
-                served[name] += 1
+            await send(http, name, url, warm, headers)
+        return calls
+
+    async def one_session(http: aiohttp.ClientSession, index: int, calls: list[Call]) -> None:
         for t, body in enumerate(timed):
             turn = (index + t) % len(calls)
             took = {}
@@ -152,15 +160,19 @@ async def curve_point(
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=900)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        cpu_before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
-        await asyncio.gather(*(one_session(http, i) for i in range(sessions)))
-        cpu = {name: tree_cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        for _ in range(rounds):
+            opened = await asyncio.gather(*(open_session(http) for _ in range(sessions)))
+            cpu_before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+            await asyncio.gather(*(one_session(http, i, c) for i, c in enumerate(opened)))
+            for name, pid in pids.items():
+                cpu[name] += tree_cpu_seconds(pid) - cpu_before[name]
     nan = float("nan")
     return {
         name: {
             "added_ms_p50": median(added[name]) * 1e3 if added[name] else nan,
             "added_ms_p99": _p99(added[name]) * 1e3 if added[name] else nan,
             "req_per_cpu_s": served[name] / cpu[name] if cpu[name] > 0 else nan,
+            "cpu_s": cpu[name],
             "samples": len(added[name]),
             "failed": len(failed[name]),
             "first_failure": failed[name][0] if failed[name] else "",
@@ -184,15 +196,17 @@ async def curve(
     concurrencies: Sequence[int],
     steps: int,
     samples: int,
+    per_session: int,
 ) -> list[dict[str, Any]]:
-    """Every (history size, concurrency) point; about ``samples`` timed requests per front
-    per point (at least one per session)."""
+    """Every (history size, concurrency) point: rounds of new sessions, each timing its
+    last ``per_session`` requests (the history within ``per_session / steps`` of the
+    point's size), until about ``samples`` timed requests per front (at least one round)."""
     rows = []
     for tokens in sizes:
         bodies = sized_bodies(tokens, steps)
         for sessions in concurrencies:
-            per_session = max(1, -(-samples // sessions))
-            point = await curve_point(fronts, pids, upstream, bodies, sessions, per_session)
+            rounds = max(1, -(-samples // (sessions * per_session)))
+            point = await curve_point(fronts, pids, upstream, bodies, sessions, per_session, rounds)
             body_bytes = median(len(b) for b in bodies[-per_session:])
             for name, figures in point.items():
                 rows.append(
@@ -201,6 +215,7 @@ async def curve(
                         "history_tokens": tokens,
                         "body_kb": body_bytes / 1024,
                         "sessions": sessions,
+                        "rounds": rounds,
                         **figures,
                     }
                 )
