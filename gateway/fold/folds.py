@@ -11,6 +11,8 @@ its saving, weighted by KV pressure, beats the re-prefill it causes (``pricing.p
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from gateway.fold.pricing import rewrite_pays, rewrite_value
 from gateway.fold.protocol import fold_note, fold_pointer
 from gateway.fold.references import anchors, refers
@@ -49,6 +51,11 @@ def decide_folds(
     # A folded step's text depends only on its run's ends, which most suffixes share:
     # render and count each (step, run) once, not once per suffix tried.
     seen: dict[tuple[int, int, int], tuple[Message, int]] = {}
+    # Each suffix tried re-prefills from its first changed output to ``now``: the shown
+    # tokens summed once (``shown[b] - shown[a]`` is ``sum(c.tokens[a:b])``), then
+    # corrected by the outputs the suffix changes.
+    shown = list(accumulate(c.tokens, initial=0))
+    first_shown = next((i for i, m in enumerate(c.out) if m.role != "system"), None)
     for j in range(len(candidates)):
         chosen = set(candidates[j:])
         folded = c.folded | chosen
@@ -72,11 +79,12 @@ def decide_folds(
         if not c.restore_offered and history.tools and not c.text_mode:
             # The restore tool joins the schemas: all after them is prefilled again, and
             # every later request carries it.
-            start = next((i for i, m in enumerate(c.out) if m.role != "system"), start)
+            start = first_shown if first_shown is not None else start
             net -= restore_tool_tokens
         if any(_run_grows(c, tokens, run) for run in {fold_run(folded, s) for s in chosen}):
             continue  # a note longer than the outputs it stands for
-        reprefill = sum(tokens.get(pos, c.tokens[pos]) for pos in range(start, now))
+        reprefill = shown[now] - shown[start] if start < now else 0
+        reprefill += sum(n - c.tokens[pos] for pos, n in tokens.items() if start <= pos < now)
         if not c.restore_offered:
             reprefill += restore_tool_tokens
         if not rewrite_pays(net, reprefill, c.requests, state.pressure):

@@ -84,7 +84,11 @@ def said(message: Message) -> Said | None:
         except (ValueError, RecursionError):
             texts.append(call.arguments)
     text = "\n".join(t for t in texts if t)
-    lines = {s for line in text.split("\n") if len(s := line_code(line).strip()) >= QUOTE_CHARS}
+    lines = {
+        s
+        for line in text.split("\n")
+        if len(line) >= QUOTE_CHARS and len(s := line_code(line).strip()) >= QUOTE_CHARS
+    }
     for found in _FRAGMENT.finditer(text):
         lines.add((found.group(1) or found.group(2)).strip())
     ids = frozenset(w for w in _ID_BREAK.split(text) if _looks_like_id(w))
@@ -105,8 +109,11 @@ def _looks_like_id(word: str) -> bool:
 
 def anchors(output: str, call_arguments: str = "", call_id: str | None = None) -> Anchors:
     """What of ``output`` a later message may quote; paths its call named do not count."""
+    # A line's code is a part of it: a line shorter than a quote holds none.
     lines = frozenset(
-        s for line in output.split("\n") if len(s := line_code(line).strip()) >= QUOTE_CHARS
+        s
+        for line in output.split("\n")
+        if len(line) >= QUOTE_CHARS and len(s := line_code(line).strip()) >= QUOTE_CHARS
     )
     paths = _path_keys(p for p in _paths(output) if p not in call_arguments)
     return Anchors(lines, paths, call_id)
@@ -114,11 +121,18 @@ def anchors(output: str, call_arguments: str = "", call_id: str | None = None) -
 
 def _paths(text: str) -> list[str]:
     """The words of ``text`` that look like file paths."""
-    out = []
-    for word in _WORD_BREAK.split(text):
-        word = word.rstrip(".")
-        if "/" in word and _EXTENSION.fullmatch(word.rsplit("/", 1)[1]):
-            out.append(word)
+    out: list[str] = []
+    if "/" not in text:
+        return out
+    # A line break is a word break: only the lines with a slash can hold a path.
+    for line in text.split("\n"):
+        if "/" not in line:
+            continue
+        for word in _WORD_BREAK.split(line):
+            if "/" in word:
+                word = word.rstrip(".")
+                if _EXTENSION.fullmatch(word.rsplit("/", 1)[1]):
+                    out.append(word)
     return out
 
 

@@ -136,6 +136,8 @@ def _close(run: _Run | None, spans: list[Span]) -> None:
 
 def line_code(line: str) -> str:
     """A line without its file-view line number, if it has one."""
+    if not line.lstrip(" ")[:1].isdecimal():
+        return line  # every number prefix starts with a decimal digit (`\d`)
     if m := _TAB_LINE.fullmatch(line) or _ARROW_LINE.fullmatch(line):
         return m.group(2)
     return m.group(3) if (m := _WINDOW_LINE.fullmatch(line)) else line

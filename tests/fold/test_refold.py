@@ -7,6 +7,7 @@ import pytest
 from gateway.fold.protocol import FOLD_INSTRUCTION, reminder_text
 from gateway.fold.refold import ReFold, ReFoldCache, chunk_boundary
 from gateway.fold.renderer import RenderState, step_indices
+from gateway.tokens import estimate_tokens
 from gateway.transcript import Message, Text, ToolCall, Transcript, text_message, tool_message
 from tests.fold.conftest import (
     Turn,
@@ -171,6 +172,18 @@ def test_stale_steps_fold_into_one_note_with_pointers() -> None:
     assert texts[3] == f"[step 3]\n{out(3)}"
     assert rendered.stats.folded_steps == 3
     assert rendered.stats.rewrites == 1 and rendered.stats.fold_saved_tokens > 0
+
+
+def test_a_fold_counts_the_re_prefill_from_its_first_changed_output() -> None:
+    """Everything from the first folded output up to the output that moved the boundary is
+    prefilled again, as the new rendering shows it (the folded text, not the old one)."""
+    history = stale_history(["-", "-", "0-2", "-", "-"])  # B reaches 3 with step 5
+    rendered = paper().render(history, PRESSED)
+    steps = step_indices(history)
+    head = len(rendered.transcript.messages) - len(history.messages)
+    again = rendered.transcript.messages[head + steps[0] : head + steps[5]]
+    assert rendered.stats.rewrites == 1
+    assert rendered.stats.reprefill_tokens == sum(estimate_tokens(m) for m in again)
 
 
 def test_a_fold_waits_until_it_pays() -> None:
