@@ -31,6 +31,7 @@ from gateway.dialects.volatile import without_volatile
 from gateway.lru import LRU
 from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens
 from gateway.transcript import Message, Transcript
+from store.branches import is_microcompacted
 from store.codec import same_prefix
 
 DECODE_CACHE_BYTES = 128 * 1024 * 1024
@@ -137,12 +138,16 @@ class _Derived:
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """A decoded request: its transcript (volatile markers dropped), each message's
-    ``to_dict()`` for the store, their summed ``estimate_tokens``, and the session's memo."""
+    ``to_dict()`` for the store, their summed ``estimate_tokens``, the session's memo, and
+    how many of the store dicts are microcompaction placeholders (``is_microcompacted``:
+    counted as they are decoded, so a request without any is told so without a pass over
+    its history)."""
 
     transcript: Transcript
     stored: list[dict[str, Any]]
     tokens: int
     memo: MessageMemo
+    placeholders: int
     session: str | None = None
     """The session, when the request names it by continuing a kept reply."""
 
@@ -156,8 +161,14 @@ class Decoded:
         messages = tuple(without_volatile(m) for m in transcript.messages)
         tokens = sum(estimate_tokens(m) for m in messages)
         stored = [m.to_dict() for m in messages]
+        placeholders = sum(map(is_microcompacted, stored))
         return cls(
-            transcript.with_messages(messages), stored, tokens, memo or MessageMemo(), session
+            transcript.with_messages(messages),
+            stored,
+            tokens,
+            memo or MessageMemo(),
+            placeholders,
+            session,
         )
 
 
@@ -172,6 +183,7 @@ class _Previous:
     messages: list[Message]
     stored: list[dict[str, Any]]
     running: list[int]
+    placeholders: list[int]  # running count of microcompaction placeholders in ``stored``
     issued: set[str]
     memo: MessageMemo
 
@@ -214,6 +226,7 @@ class DecodeCache:
             same = same_prefix(raw, previous.raw)
             kept = previous.ends[same - 1] if same else 0
             ends, running = previous.ends[:same], previous.running[:kept]
+            placeholders = previous.placeholders[:kept]
             messages, stored = previous.messages[:kept], previous.stored[:kept]
             if same == len(previous.raw):
                 issued = set(previous.issued)
@@ -221,24 +234,36 @@ class DecodeCache:
                 issued = {c.id for m in messages for c in m.tool_calls}
         else:
             ends, running, messages, stored, issued = [], [], [], [], set()
+            placeholders = []
         total = running[-1] if running else 0
+        cleared = placeholders[-1] if placeholders else 0
         for index in range(same, len(raw)):
             for m in dialect.decode_item(raw[index], index, issued):
                 m = without_volatile(m)
                 messages.append(m)
-                stored.append(m.to_dict())
+                stored.append(as_stored := m.to_dict())
                 total += estimate_tokens(m)
                 running.append(total)
+                cleared += is_microcompacted(as_stored)
+                placeholders.append(cleared)
             ends.append(len(messages))
         memo.next_request()
         size = entry_bytes(
             len(head.transcript.messages) + len(messages), len(issued), head.tokens + total
         )
         self._sessions.put(
-            key, _Previous(head, raw, ends, messages, stored, running, issued, memo), size
+            key,
+            _Previous(head, raw, ends, messages, stored, running, placeholders, issued, memo),
+            size,
         )
         transcript = envelope.with_messages((*head.transcript.messages, *messages))
-        return Decoded(transcript, head.stored + stored, head.tokens + total, memo)
+        return Decoded(
+            transcript,
+            head.stored + stored,
+            head.tokens + total,
+            memo,
+            head.placeholders + cleared,
+        )
 
 
 def entry_bytes(messages: int, tool_calls: int, tokens: int) -> int:

@@ -122,8 +122,9 @@ MICROCOMPACTED = "[Old tool result content cleared]"
 def is_microcompacted(message: Mapping[str, Any]) -> bool:
     """A tool result (in the store's dict form) that the harness's microcompaction cleared.
 
-    Asked of every message of every request: the text is joined only when its parts'
-    lengths add up to the placeholder's (else a whole history's text is copied per request).
+    Asked of each message as it is decoded (``gateway.request_cache.Decoded.placeholders``)
+    and of a stored branch's messages when a request holds one: the text is joined only
+    when its parts' lengths add up to the placeholder's.
     """
     if message.get("role") != "tool":
         return False

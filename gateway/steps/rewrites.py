@@ -24,7 +24,7 @@ from gateway.request_cache import Decoded
 from gateway.tokens import estimate_tokens
 from gateway.transcript import Message
 from store import NotFound, SessionStore
-from store.branches import is_microcompacted, microcompacted
+from store.branches import microcompacted
 
 
 async def with_cleared_results_restored(
@@ -32,7 +32,7 @@ async def with_cleared_results_restored(
 ) -> Decoded:
     """``request`` with the tool results its harness microcompacted put back from the
     session's head branch; unchanged when it holds no placeholder (no store read then)."""
-    if not any(is_microcompacted(m) for m in request.stored):
+    if not request.placeholders:
         return request
     try:
         head = await store.load(tenant, session)
@@ -49,5 +49,10 @@ async def with_cleared_results_restored(
         tokens += estimate_tokens(original) - estimate_tokens(messages[i])
         messages[i], stored[i] = original, dict(head.messages[i])
     return Decoded(
-        request.transcript.with_messages(messages), stored, tokens, request.memo, request.session
+        request.transcript.with_messages(messages),
+        stored,
+        tokens,
+        request.memo,
+        request.placeholders - len(positions),
+        request.session,
     )

@@ -88,8 +88,8 @@ class CheckedDecodeCache(DecodeCache):
         full, full_exc = _outcome(full_decode, dialect, body, self.max_messages)
         same = _error(exc) == _error(full_exc) and (
             exc is not None
-            or (decoded.transcript, decoded.stored, decoded.tokens)
-            == (full.transcript, full.stored, full.tokens)
+            or (decoded.transcript, decoded.stored, decoded.tokens, decoded.placeholders)
+            == (full.transcript, full.stored, full.tokens, full.placeholders)
         )
         if not same:
             self.mismatches.append(

@@ -38,6 +38,7 @@ from gateway.transcript import Message, Text, ToolCall, Transcript, text_message
 from gateway.upstream import UpstreamClient
 from router import ReplicaPool, make_policy
 from store import open_store
+from store.branches import MICROCOMPACTED, is_microcompacted
 from tests.dialects.strategies import anthropic_bodies, openai_bodies, responses_bodies
 from tests.gateway.conftest import ingest
 
@@ -64,13 +65,15 @@ def full_decode(name: str, body: dict[str, Any]) -> Any:
     t = outcome(FULL[name], body)
     if isinstance(t, Transcript):
         t = t.with_messages(without_volatile(m) for m in t.messages)
-        return t, [m.to_dict() for m in t.messages], sum(estimate_tokens(m) for m in t.messages)
+        stored = [m.to_dict() for m in t.messages]
+        placeholders = sum(map(is_microcompacted, stored))
+        return t, stored, sum(estimate_tokens(m) for m in t.messages), placeholders
     return t
 
 
 def cached_decode(cache: DecodeCache, dialect: Any, body: dict[str, Any]) -> Any:
     decoded = cache.decode(dialect, body, tenant=TENANT)
-    return decoded.transcript, decoded.stored, decoded.tokens
+    return decoded.transcript, decoded.stored, decoded.tokens, decoded.placeholders
 
 
 def toggle_cache_control(value: Any, flip: list[bool]) -> Any:
@@ -136,6 +139,37 @@ def test_incremental_decode_is_the_full_decode(endpoint: Any, bodies: Any, key: 
             assert got == expected
 
     check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["step", "cleared step", "clear", "put back", "cut"]), st.data()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_microcompaction_placeholders_are_counted_as_the_full_decode_counts(edits) -> None:
+    """A session whose harness clears old results, puts them back, forks and grows: the
+    placeholders counted as messages are decoded (``Decoded.placeholders``) are the ones a
+    whole pass over the history finds."""
+    cache, messages = DecodeCache(), list(HISTORY)
+    for edit, data in edits:
+        results = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+        n = len(messages)
+        if edit in ("step", "cleared step"):
+            messages += [
+                call(f"c{n}"),
+                result(f"c{n}", MICROCOMPACTED if "cleared" in edit else "x"),
+            ]
+        elif edit in ("clear", "put back") and results:
+            i = data.draw(st.sampled_from(results))
+            text = MICROCOMPACTED if edit == "clear" else "x"
+            messages[i] = {**messages[i], "content": text}
+        elif edit == "cut":
+            del messages[data.draw(st.integers(2, n)) :]
+        body = chat(copy.deepcopy(messages))
+        assert cached_decode(cache, OPENAI, body) == full_decode("openai", body)
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
