@@ -69,6 +69,22 @@ def occupied_tokens(room: Room, members: Sequence[Member], now: float) -> int:
     return max(room.used_tokens, running) + reserved
 
 
+def _others(
+    members: Mapping[Hashable, Member], session: Hashable, now: float
+) -> dict[Hashable, Member]:
+    """The members holding a share of the pool now, but ``session`` itself."""
+    return {k: m for k, m in members.items() if k != session and m.holds(now)}
+
+
+def _fits(
+    room: Room, holding: Mapping[Hashable, Member], tokens: int, now: float, fraction: float
+) -> bool:
+    """Whether ``tokens`` more fit beside ``holding`` in ``fraction`` of the pool."""
+    return (
+        occupied_tokens(room, list(holding.values()), now) + tokens <= fraction * room.pool_tokens
+    )
+
+
 def admits(
     room: Room,
     members: Mapping[Hashable, Member],
@@ -91,10 +107,8 @@ def admits(
         return True
     if queued_ahead > 0:
         return False
-    holding = [m for key, m in members.items() if key != session and m.holds(now)]
-    if not holding:
-        return True
-    return occupied_tokens(room, holding, now) + tokens <= fraction * room.pool_tokens
+    holding = _others(members, session, now)
+    return not holding or _fits(room, holding, tokens, now, fraction)
 
 
 def revoked(
@@ -111,14 +125,13 @@ def revoked(
     ended longest ago first, the order in which vLLM's free queue evicts their blocks
     (freed blocks join its tail, a new prefill takes from its head), until ``tokens`` fit
     beside the rest; every paused one when even that is not enough."""
-    holding = {k: m for k, m in members.items() if k != session and m.holds(now)}
+    holding = _others(members, session, now)
     paused = sorted(
         (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].ended_at
     )
     out: list[Hashable] = []
     for key in paused:
-        after = occupied_tokens(room, list(holding.values()), now) + tokens
-        if after <= fraction * room.pool_tokens:
+        if _fits(room, holding, tokens, now, fraction):
             break
         out.append(key)
         del holding[key]
@@ -138,7 +151,7 @@ def room_at(
     reservations have ended (soonest ending first) if none of them came back first; ``now``
     when it fits already; None when the running members alone leave it no room (it then
     fits only once some of them end, which nothing here says when)."""
-    holding = {k: m for k, m in members.items() if k != session and m.holds(now)}
+    holding = _others(members, session, now)
     ending = sorted(
         (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].reserved_until
     )
@@ -146,9 +159,7 @@ def room_at(
     for key in [None, *ending]:
         if key is not None:
             at = holding.pop(key).reserved_until
-        if not holding or occupied_tokens(room, list(holding.values()), now) + tokens <= (
-            fraction * room.pool_tokens
-        ):
+        if not holding or _fits(room, holding, tokens, now, fraction):
             return at
     return None
 
@@ -168,8 +179,8 @@ def eviction_s(
     prompt's tail (vLLM frees a finished request's blocks tail first, ``free_blocks(
     reversed(blocks))``, so the head of an evicted prefix still hits), brought back
     (``CostModel.restore_s``) when its session returns."""
-    holding = [m for key, m in members.items() if key != session and m.holds(now)]
-    over = occupied_tokens(room, holding, now) + tokens - fraction * room.pool_tokens
+    holding = _others(members, session, now)
+    over = occupied_tokens(room, list(holding.values()), now) + tokens - fraction * room.pool_tokens
     total = 0.0
     for key in revoked(room, members, session, tokens, now, fraction=fraction):
         part = max(0, min(members[key].tokens, math.ceil(over)))
