@@ -30,7 +30,7 @@ from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
 from offline.sim.workload import build_workload
 from router import make_policy
-from router.admission_seam import AdmissionRequest, AdmissionVerdict
+from router.admission_seam import AdmissionRequest, AdmissionVerdict, AdmitAll
 from router.cost import CostModel
 from router.registry import ADMISSIONS
 
@@ -796,7 +796,7 @@ def test_the_admission_seam_holds_requests_at_the_gateway_and_every_session_comp
     assert off.window_s < held.window_s
 
 
-class DeadlineAtNow:
+class DeadlineAtNow(AdmitAll):
     """A test admission whose refusal says to ask again at the instant it was asked (what
     ``now + max_wait - waited`` gives where it rounds to ``now``); it admits a request asked
     at a later instant than its first ask, and fails one asked again and again at one."""
@@ -820,14 +820,6 @@ class DeadlineAtNow:
         asks = self.asks[(key, request.now)] = self.asks.get((key, request.now), 0) + 1
         assert asks < self.ASKS_AT_ONE_INSTANT, "asked again and again at one instant"
         return AdmissionVerdict(False, "waiting", retry_at=request.now)
-
-    def started(self, request: AdmissionRequest) -> None:
-        return None
-
-    def ended(
-        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
-    ) -> None:
-        return None
 
     def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
         for key in list(self.first):
