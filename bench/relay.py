@@ -72,14 +72,17 @@ class AiohttpChunks:
     def __init__(self) -> None:
         self.session: aiohttp.ClientSession | None = None
 
-    async def chunks(self, url: str, body: Any) -> AsyncIterator[dict[str, Any]]:
+    def post(self, url: str, body: Any) -> Any:
+        """The chat request on one pooled session (opened at the first)."""
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=0)
-            self.session = aiohttp.ClientSession(connector=connector)
-        reader = SSEReader()
-        async with self.session.post(
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self.session.post(
             f"{url}/v1/chat/completions", data=orjson.dumps(body), headers=JSON
-        ) as resp:
+        )
+
+    async def chunks(self, url: str, body: Any) -> AsyncIterator[dict[str, Any]]:
+        reader = SSEReader()
+        async with self.post(url, body) as resp:
             async for data in resp.content.iter_any():
                 for chunk in sse_chunks(reader, data):
                     yield chunk
@@ -94,13 +97,8 @@ class AiohttpLines(AiohttpChunks):
     idle timeout: what the timeout costs."""
 
     async def chunks(self, url: str, body: Any) -> AsyncIterator[dict[str, Any]]:
-        if self.session is None:
-            connector = aiohttp.TCPConnector(limit=0)
-            self.session = aiohttp.ClientSession(connector=connector)
         reader = SSEReader()
-        async with self.session.post(
-            f"{url}/v1/chat/completions", data=orjson.dumps(body), headers=JSON
-        ) as resp:
+        async with self.post(url, body) as resp:
             while raw := await resp.content.readline():
                 event = reader.line(raw)
                 if event is not None and event.data != DONE:
