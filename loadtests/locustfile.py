@@ -30,6 +30,7 @@ one without usage is a Locust failure carrying the status and the error body.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import random
@@ -45,6 +46,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import LocalRunner, WorkerRunner
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
 from loadtests.sessions import Session, Step, ThinkTime, build_session
@@ -162,6 +164,22 @@ class RequestLog:
             self._file = open(f"{self.path}{suffix}", "a", encoding="utf-8")  # noqa: SIM115
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+
+
+@events.init.add_listener
+def write_final_stats_at_quit(environment: Environment, **_: Any) -> None:
+    """Locust rewrites ``<csv>_stats.csv`` once a second and not at exit, so the requests of
+    a run's last second were missing from it (all of them, when a loaded machine delayed its
+    writer past a short run). Write it once more after the users stopped."""
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if not prefix or isinstance(environment.runner, WorkerRunner):
+        return
+
+    def write(**_: Any) -> None:
+        with open(f"{prefix}_stats.csv", "w", newline="", encoding="utf-8") as f:
+            StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(f))
+
+    environment.events.quit.add_listener(write)
 
 
 _request_log: RequestLog | None = None
