@@ -73,7 +73,8 @@ def fit_command(
     """Fit a cost model's coefficients from probes of a live vLLM replica, or its
     serving-path terms from a Locust experiment.
 
-    Probes: cold prompts of random token ids, alone and four at a time, are streamed; each
+    Probes: cold prompts of random token ids, alone and four at a time, are streamed, each
+    probe three times with its fastest run kept (load beside it only adds time); each
     prefill (time to first token) and decode stretch is a known number of engine steps,
     so a non-negative least-squares fit gives seconds per step, per prefill token, per
     decoding sequence and per attended token. Prints them as a preset to paste into
