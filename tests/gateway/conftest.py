@@ -81,23 +81,28 @@ async def gateway_process(
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     """``foldgate serve`` as its own process (the serve command itself: the whole CLI would
     import the offline wing too); yields its URL and process once ``/health`` answers."""
-    path = tmp_path / f"gw-{uuid.uuid4().hex[:6]}.toml"
+    name = f"gw-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / f"{name}.toml"
     path.write_text(config_toml(config))
     port = port or free_ports(1)[0]
     serve = ["-c", "from gateway.serve import serve; serve()", f"--config={path}", f"--port={port}"]
-    proc = subprocess.Popen(
-        [sys.executable, *serve],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    # Its output goes to a file, not a pipe nobody reads: a gateway logging faster than a
+    # full pipe drains (every refused accept logs a traceback) would block in its logger.
+    log_path = tmp_path / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *serve],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + PROCESS_READY_S
         async with httpx.AsyncClient() as probe:
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(proc.stdout.read().decode())  # type: ignore[union-attr]
+                    raise RuntimeError(log_path.read_text())
                 try:
                     if (await probe.get(f"{url}/health")).status_code == 200:
                         break
