@@ -154,6 +154,8 @@ class ChatStream:
         self._first: dict[str, Any] | None = None
         self._whole: list[dict[str, Any]] | None = None
         self._events = self._parse()
+        self._waiting_since: float | None = None  # loop time a pending line read began
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def read_whole(self) -> None:
         """Read the rest of the reply now (each chunk within the idle timeout), holding its
@@ -171,18 +173,39 @@ class ChatStream:
             ) from exc
 
     async def _lines(self) -> AsyncIterator[bytes]:
-        """The response's lines; after the first chunk, each within the idle timeout (the
-        first is bounded by the caller's first-chunk timeout)."""
+        """The response's lines (the idle watchdog, armed at the first chunk, bounds the
+        wait for each after it; the first is bounded by the caller's first-chunk timeout)."""
         content = self._resp.content
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._started:
-                raw = await content.readline()
-            else:
-                async with asyncio.timeout(self._idle_timeout_s):
-                    raw = await content.readline()
+            self._waiting_since = loop.time()
+            raw = await content.readline()
+            self._waiting_since = None
             if not raw:
                 return
             yield raw
+
+    def _watch(self) -> None:
+        """The idle timeout as one timer per stream, re-armed only when it comes due (a
+        timeout around each line's read cost a tenth of the relay's CPU). Only a pending
+        read counts, as a read's own timeout would: a client slow to take the reply is not
+        an idle replica. Past it, the pending read fails with TimeoutError."""
+        assert self._idle_timeout_s is not None
+        loop = asyncio.get_running_loop()
+        now, since = loop.time(), self._waiting_since
+        if since is not None and now - since >= self._idle_timeout_s:
+            self._watchdog = None
+            self._resp.content.set_exception(
+                TimeoutError(f"no line within the idle timeout of {self._idle_timeout_s} s")
+            )
+        else:
+            start = now if since is None else since
+            self._watchdog = loop.call_at(start + self._idle_timeout_s, self._watch)
+
+    def _stop_watching(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     async def _parse(self) -> AsyncIterator[dict[str, Any]]:
         reader = SSEReader()
@@ -200,6 +223,8 @@ class ChatStream:
                     raise self._broke(f"not a chunk: {event.data[:100]!r}")
                 if "error" in chunk:
                     raise self._error_event(chunk)
+                if not self._started and self._idle_timeout_s is not None:
+                    self._watch()
                 self._started = True
                 yield chunk
         except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
@@ -242,6 +267,7 @@ class ChatStream:
         finally:
             # A reply left unread (the client went away, an error) closes the connection,
             # which aborts the generation on the replica; a finished one is pooled again.
+            self._stop_watching()
             if finished:
                 self._resp.release()
             else:
@@ -249,6 +275,7 @@ class ChatStream:
 
     def close(self) -> None:
         """Abort the reply: the connection is closed, and the replica stops generating."""
+        self._stop_watching()
         self._resp.close()
 
 

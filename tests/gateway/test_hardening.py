@@ -142,6 +142,26 @@ async def test_upstream_first_chunk_and_idle_timeouts(before, gap, outcome):
         await fake.stop()
 
 
+async def test_a_reader_slower_than_the_idle_timeout_is_not_an_idle_upstream():
+    """The idle timeout bounds the wait for the replica's next line, not the time the
+    reader (a slow client) takes between lines it already has."""
+    fake = await StallingUpstream(0.0, 0.0, chunks=3).start()
+    client = UpstreamClient(
+        connect_timeout_s=1, first_chunk_timeout_s=TIMEOUT_S, idle_timeout_s=TIMEOUT_S / 3
+    )
+    try:
+        stream = await client.open_chat_stream(fake.url, {"model": "m", "messages": []})
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            await asyncio.sleep(TIMEOUT_S / 2)  # longer than the idle timeout
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert "".join(d.get("content") or "" for d in deltas) == "xxx"
+    finally:
+        await client.close()
+        await fake.stop()
+
+
 async def test_metrics_show_replicas_by_their_labels_not_their_urls(gateway_with_fake, client):
     """``/metrics`` answers without a key (a scraper needs none): its replica series carry
     the label clients are shown elsewhere, stable for a secret, never the internal URL."""
