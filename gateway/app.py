@@ -7,6 +7,7 @@ No ``from __future__ import annotations`` here: Ray Serve's ingress resolves the
 signatures at run time.
 """
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from gateway.dialects.base import Dialect
 from gateway.disconnect import ClientGone, EventStream
 from gateway.exposure import LabelledMetrics, ReplicaLabels, header_value
 from gateway.http_errors import error_response
+from gateway.open_files import AcceptErrorLog
 from gateway.pipeline import Pipeline
 from gateway.sessions_api import SessionEndpoints
 from gateway.steps.reply import Reply
@@ -56,6 +58,7 @@ class Gateway:
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """Open the store, start the replica pool and the pipeline; close them after."""
         config = self.config
+        AcceptErrorLog.install(asyncio.get_running_loop())
         if not config.api_keys:
             log.warning(
                 "no API keys configured: every client shares tenant %r (its sessions, "

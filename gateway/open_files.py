@@ -7,13 +7,28 @@ the log and the interpreter hold a few dozen. Many systems start a process at a 
 limit of 1,024, which ``max_concurrency`` (1,024 by default) alone passes: an accept past
 it fails with EMFILE, and uvicorn's listener stops taking connections. The hard limit is
 the system's to set; the soft one the process may raise to it.
+
+Past the limit anyway (a lower hard limit, a flood of connections accepted faster than the
+header phase closes them), every failed accept is an asyncio error with a traceback, and
+Python's selector loop before gh-151615 retries up to the listen backlog (2,048 in uvicorn)
+times per wake-up: a flood of connections wrote megabytes of log a second.
+``AcceptErrorLog`` collapses them into a line per interval.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import resource
+import time
+from collections.abc import Callable
+from typing import Any
 
 from gateway.config import GatewayConfig
+
+log = logging.getLogger("foldgate")
+# The message asyncio's selector loop reports a failed accept with (EMFILE, ENFILE, ...).
+ACCEPT_ERROR = "socket.accept() out of system resource"
 
 # Descriptors besides the connections: the store, the log, the interpreter's own, the
 # upstream pool's idle connections, probes and KV event subscriptions.
@@ -55,3 +70,50 @@ def open_files_line(config: GatewayConfig) -> str:
             "can use: raise it (ulimit -Hn), or lower them"
         )
     return line
+
+
+class AcceptErrorLog:
+    """An event loop exception handler: failed accepts (out of descriptors or memory) are
+    logged at most once per ``interval_s``, with how many failed since the last line;
+    every other error goes to the handler before it (or the loop's default)."""
+
+    def __init__(
+        self,
+        previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None = None,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.previous = previous
+        self.interval_s = interval_s
+        self.clock = clock
+        self.failed = 0  # since the last line
+        self._next_line_at = float("-inf")
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != ACCEPT_ERROR:
+            if self.previous is not None:
+                self.previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        self.failed += 1
+        now = self.clock()
+        if now < self._next_line_at:
+            return
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        log.error(
+            "accepting connections failed %d time(s) (%s; open files soft limit %s): "
+            "connections wait in the listen queue; raise the limit (ulimit -n) or lower "
+            "max_concurrency and header_connections_total",
+            self.failed,
+            context.get("exception"),
+            limit,
+        )
+        self.failed = 0
+        self._next_line_at = now + self.interval_s
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop) -> AcceptErrorLog:
+        handler = cls(loop.get_exception_handler())
+        loop.set_exception_handler(handler)
+        return handler

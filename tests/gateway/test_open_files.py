@@ -1,7 +1,10 @@
-"""``foldgate serve`` raises its soft open-file limit toward what its bounds can use."""
+"""``foldgate serve`` raises its soft open-file limit toward what its bounds can use, and
+logs failed accepts past it a line at a time."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import resource
 from collections.abc import Iterator
 
@@ -12,7 +15,7 @@ from click.testing import CliRunner
 from gateway import gc_tuning
 from gateway.cli import main
 from gateway.config import GatewayConfig
-from gateway.open_files import needed_descriptors, soft_limit
+from gateway.open_files import ACCEPT_ERROR, AcceptErrorLog, needed_descriptors, soft_limit
 
 INFINITY = resource.RLIM_INFINITY
 
@@ -61,3 +64,26 @@ def test_serve_raises_the_soft_limit_before_it_serves(
     expected = soft_limit(1024, low_soft_limit, needed)
     assert seen == [expected] and expected > 1024
     assert f"open files: soft limit 1024 -> {expected}" in result.output
+
+
+def test_failed_accepts_are_one_line_per_interval_and_other_errors_pass_on(caplog) -> None:
+    now = [0.0]
+    passed_on: list[dict] = []
+    handler = AcceptErrorLog(lambda loop, ctx: passed_on.append(ctx), 10.0, lambda: now[0])
+    loop = asyncio.new_event_loop()
+    try:
+        failed = {"message": ACCEPT_ERROR, "exception": OSError(24, "Too many open files")}
+        with caplog.at_level(logging.ERROR, logger="foldgate"):
+            for _ in range(2048):  # one wake-up of the listener at uvicorn's backlog
+                handler(loop, failed)
+            now[0] = 9.9
+            handler(loop, failed)
+            assert len(caplog.records) == 1 and "failed 1 time(s)" in caplog.messages[0]
+            now[0] = 10.0
+            handler(loop, failed)
+            assert len(caplog.records) == 2 and "failed 2049 time(s)" in caplog.messages[1]
+        other = {"message": "Task exception was never retrieved"}
+        handler(loop, other)
+        assert passed_on == [other]
+    finally:
+        loop.close()
