@@ -173,12 +173,16 @@ class ChatStream:
             ) from exc
 
     async def _lines(self) -> AsyncIterator[bytes]:
-        """The response's lines (the idle watchdog, armed at the first chunk, bounds the
-        wait for each after it; the first is bounded by the caller's first-chunk timeout)."""
+        """The response's lines; after the first chunk, each within the idle timeout (the
+        first is bounded by the caller's first-chunk timeout)."""
         content = self._resp.content
         loop = asyncio.get_running_loop()
         while True:
             self._waiting_since = loop.time()
+            if self._watchdog is None and self._started and self._idle_timeout_s is not None:
+                self._watchdog = loop.call_at(
+                    self._waiting_since + self._idle_timeout_s, self._watch
+                )
             raw = await content.readline()
             self._waiting_since = None
             if not raw:
@@ -186,21 +190,24 @@ class ChatStream:
             yield raw
 
     def _watch(self) -> None:
-        """The idle timeout as one timer per stream, re-armed only when it comes due (a
-        timeout around each line's read cost a tenth of the relay's CPU). Only a pending
-        read counts, as a read's own timeout would: a client slow to take the reply is not
-        an idle replica. Past it, the pending read fails with TimeoutError."""
+        """The idle timeout as one timer per stream, armed by a read and re-armed only when
+        it comes due (a timeout around each line's read cost a tenth of the relay's CPU).
+        Only a pending read counts, as a read's own timeout would: a client slow to take
+        the reply is not an idle replica, and with no read pending the timer lapses until
+        the next read (a stream no one reads any more is not kept alive by it). Past it,
+        the pending read fails with TimeoutError."""
         assert self._idle_timeout_s is not None
+        self._watchdog = None
+        since = self._waiting_since
+        if since is None:
+            return
         loop = asyncio.get_running_loop()
-        now, since = loop.time(), self._waiting_since
-        if since is not None and now - since >= self._idle_timeout_s:
-            self._watchdog = None
+        if loop.time() - since >= self._idle_timeout_s:
             self._resp.content.set_exception(
                 TimeoutError(f"no line within the idle timeout of {self._idle_timeout_s} s")
             )
         else:
-            start = now if since is None else since
-            self._watchdog = loop.call_at(start + self._idle_timeout_s, self._watch)
+            self._watchdog = loop.call_at(since + self._idle_timeout_s, self._watch)
 
     def _stop_watching(self) -> None:
         if self._watchdog is not None:
@@ -223,8 +230,6 @@ class ChatStream:
                     raise self._broke(f"not a chunk: {event.data[:100]!r}")
                 if "error" in chunk:
                     raise self._error_event(chunk)
-                if not self._started and self._idle_timeout_s is not None:
-                    self._watch()
                 self._started = True
                 yield chunk
         except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:

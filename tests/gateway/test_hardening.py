@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import weakref
 
 import pytest
 from aiohttp import web
@@ -157,6 +159,25 @@ async def test_a_reader_slower_than_the_idle_timeout_is_not_an_idle_upstream():
             await asyncio.sleep(TIMEOUT_S / 2)  # longer than the idle timeout
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
         assert "".join(d.get("content") or "" for d in deltas) == "xxx"
+    finally:
+        await client.close()
+        await fake.stop()
+
+
+async def test_a_stream_no_one_reads_any_more_is_not_kept_alive_by_its_idle_timer():
+    """A client gone before the reply's first frame leaves its opened stream unread: the
+    idle timeout's timer must not hold it (and its connection) past the timeout."""
+    fake = await StallingUpstream(0.0, 0.0, chunks=3).start()
+    client = UpstreamClient(
+        connect_timeout_s=1, first_chunk_timeout_s=TIMEOUT_S, idle_timeout_s=TIMEOUT_S / 3
+    )
+    try:
+        stream = await client.open_chat_stream(fake.url, {"model": "m", "messages": []})
+        left = weakref.ref(stream)
+        del stream
+        await asyncio.sleep(TIMEOUT_S)  # past the idle timeout, twice over
+        gc.collect()
+        assert left() is None
     finally:
         await client.close()
         await fake.stop()
