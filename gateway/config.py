@@ -185,9 +185,8 @@ class GatewayConfig:
     measured cost per byte of history text (``gateway.steps.render.cache_memory``: ReFold's
     cache takes 6-7x its session's text); the least recently used go past it. A session
     past it renders from scratch at its next request, so it is sized for the sessions a
-    gateway serves at once: 512 MiB keeps ~150 ReFold sessions of 100k tokens (measured
-    RSS 607 MB with them, ``bench/memory.py``); 128 MiB kept ~45, and 64 concurrent
-    sessions of 100k tokens served a third of the requests per CPU-second."""
+    gateway serves at once: 512 MiB keeps ~150 ReFold sessions of 100k tokens
+    (docs/results/2026-12-02-data-plane-2.md measures it)."""
     breaker_failures: int = 3
     """Failed requests in a row (connection error, 5xx, no first chunk, a reply broken off
     after its first chunk) that take a replica out; one failure does not."""
