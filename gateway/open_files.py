@@ -11,8 +11,10 @@ the system's to set; the soft one the process may raise to it.
 Past the limit anyway (a lower hard limit, a flood of connections accepted faster than the
 header phase closes them), every failed accept is an asyncio error with a traceback, and
 Python's selector loop before gh-151615 retries up to the listen backlog (2,048 in uvicorn)
-times per wake-up: a flood of connections wrote megabytes of log a second.
-``AcceptErrorLog`` collapses them into a line per interval.
+times per wake-up: a flood of connections wrote megabytes of log a second. Each of those
+failed accepts also schedules a retry a second later; when the listener closes before
+they run (the process stopping), every one of them fails again on the closed socket,
+another traceback each. ``AcceptErrorLog`` collapses both into a line per interval.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from gateway.config import GatewayConfig
 log = logging.getLogger("foldgate")
 # The message asyncio's selector loop reports a failed accept with (EMFILE, ENFILE, ...).
 ACCEPT_ERROR = "socket.accept() out of system resource"
+# How the loop reports one of those retries failing (the listener closed meanwhile).
+ACCEPT_RETRY_ERROR = "Exception in callback BaseSelectorEventLoop._start_serving("
 
 # Descriptors besides the connections: the store, the log, the interpreter's own, the
 # upstream pool's idle connections, probes and KV event subscriptions.
@@ -73,9 +77,10 @@ def open_files_line(config: GatewayConfig) -> str:
 
 
 class AcceptErrorLog:
-    """An event loop exception handler: failed accepts (out of descriptors or memory) are
-    logged at most once per ``interval_s``, with how many failed since the last line;
-    every other error goes to the handler before it (or the loop's default)."""
+    """An event loop exception handler: failed accepts (out of descriptors or memory), and
+    their retries that find the listener closed, are logged at most once per
+    ``interval_s`` each, with how many failed since the last line; every other error goes
+    to the handler before it (or the loop's default)."""
 
     def __init__(
         self,
@@ -86,16 +91,23 @@ class AcceptErrorLog:
         self.previous = previous
         self.interval_s = interval_s
         self.clock = clock
-        self.failed = 0  # since the last line
+        self.failed = 0  # accepts, since the last line about them
+        self.retries_failed = 0  # retries on a closed listener, since the last line
         self._next_line_at = float("-inf")
+        self._next_retry_line_at = float("-inf")
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if context.get("message") != ACCEPT_ERROR:
-            if self.previous is not None:
-                self.previous(loop, context)
-            else:
-                loop.default_exception_handler(context)
-            return
+        message = context.get("message", "")
+        if message == ACCEPT_ERROR:
+            self._failed_accept(context)
+        elif message.startswith(ACCEPT_RETRY_ERROR):
+            self._failed_retry(context)
+        elif self.previous is not None:
+            self.previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def _failed_accept(self, context: dict[str, Any]) -> None:
         self.failed += 1
         now = self.clock()
         if now < self._next_line_at:
@@ -111,6 +123,19 @@ class AcceptErrorLog:
         )
         self.failed = 0
         self._next_line_at = now + self.interval_s
+
+    def _failed_retry(self, context: dict[str, Any]) -> None:
+        self.retries_failed += 1
+        now = self.clock()
+        if now < self._next_retry_line_at:
+            return
+        log.warning(
+            "%d retry(ies) of failed accepts found the listener closed (%s)",
+            self.retries_failed,
+            context.get("exception"),
+        )
+        self.retries_failed = 0
+        self._next_retry_line_at = now + self.interval_s
 
     @classmethod
     def install(cls, loop: asyncio.AbstractEventLoop) -> AcceptErrorLog:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -87,3 +89,43 @@ def test_failed_accepts_are_one_line_per_interval_and_other_errors_pass_on(caplo
         assert passed_on == [other]
     finally:
         loop.close()
+
+
+async def test_a_listener_closed_after_failed_accepts_logs_lines_not_a_traceback_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connections queued past the open-file limit make every accept fail, and each failure
+    schedules a retry; the listener closing before the retries run (the process stopping)
+    made each of them a traceback. A real listener, real queued connections."""
+    loop = asyncio.get_running_loop()
+    AcceptErrorLog.install(loop)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, backlog=64)
+    port = server.sockets[0].getsockname()[1]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    queued: list[socket.socket] = []
+    retries_ran = asyncio.Event()
+    try:
+        for _ in range(32):  # the kernel completes these into the listen queue, unaccepted
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", port))
+            queued.append(client)
+        with caplog.at_level(logging.WARNING, logger="foldgate"):
+            # No descriptor left for an accept: the process holds all it may.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+            while not caplog.records:
+                await asyncio.sleep(0.01)  # the loop's turn to accept, and fail
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            server.close()  # before the retries, due a second after each failure, run
+            loop.call_later(1.5, retries_ran.set)
+            await retries_ran.wait()
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 2, messages
+        assert "accepting connections failed" in messages[0]
+        assert "found the listener closed" in messages[1]
+        assert not any(r.exc_info for r in caplog.records)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for client in queued:
+            client.close()
+        await server.wait_closed()
