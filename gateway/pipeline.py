@@ -130,8 +130,9 @@ class Pipeline:
             kept = partial(remember_reply, self.store, ingested, started.stored)
             exchange = Exchange(body, remember=kept, context_edits=started.rendering.applied_edits)
             answer = await reply(
-                dialect, request, ingested, started.opened, chunks, exchange, lease
-            )
+                dialect, request, ingested, started.opened, chunks, exchange, lease,
+                started.kv.wait_s,
+            )  # fmt: skip
             if answer.frames is not None:
                 lease = None  # the stream gives it back
             return answer

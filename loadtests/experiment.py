@@ -55,7 +55,7 @@ from loadtests.plan import (
 )
 from loadtests.report import write_report
 from loadtests.results import capacity, summarize
-from loadtests.vllm_metrics import Scrape, Window, admission_wait_max, scrape_all
+from loadtests.vllm_metrics import Scrape, Window, scrape_all
 from offline.locust_runs import knee, load_requests, load_user_counts, stages
 
 
@@ -87,7 +87,6 @@ def run_cell(
         old.unlink()
     urls, fresh = replicas.for_cell(cell, say)
     ready = time.monotonic()
-    admission_wait: float | None = None
     with _front(cell, settings, urls, cell_dir) as host:
         window = Window(before=scrape_all(urls), after=[])
         scraper = Scraper(urls, settings.scrape_interval_s, window)
@@ -99,12 +98,9 @@ def run_cell(
             scraper.halt.set()
             scraper.join()
         window.after = scrape_all(urls)
-        if cell.foldgate:
-            admission_wait = _gateway_admission_wait(host)
     _save_scrapes(window, cell_dir / "scrapes.json")
     requests = load_requests(cell_dir)
     row = summarize(cell, window, requests)
-    row["admission_wait_max_s"] = admission_wait
     row["locust_exit_code"] = code
     row["fresh_replicas"] = fresh
     row["replica_ready_s"] = round(ready - started, 1)
@@ -115,15 +111,6 @@ def run_cell(
         row["knee"] = knee(row["stages"])
         row["capacity_users"] = capacity(row["stages"], settings.ttft_p95_bound_ms)
     return row
-
-
-def _gateway_admission_wait(url: str) -> float | None:
-    """The longest admission wait the gateway's ``/metrics`` shows (None when it exposes no
-    admission histogram, or cannot be read)."""
-    try:
-        return admission_wait_max(httpx.get(f"{url}/metrics", timeout=10).text)
-    except httpx.HTTPError:
-        return None
 
 
 @contextmanager

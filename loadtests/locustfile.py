@@ -59,6 +59,7 @@ SESSION_HEADER = "x-session-id"
 STRATEGY_HEADER = "x-foldgate-strategy"
 RAW_TOKENS_HEADER = "x-foldgate-prompt-tokens-raw"
 RENDERED_TOKENS_HEADER = "x-foldgate-prompt-tokens-rendered"
+ADMISSION_WAIT_HEADER = "x-foldgate-admission-wait"
 REPLICA_HEADER = "x-foldgate-replica"
 
 
@@ -306,6 +307,7 @@ class AgentSession(FastHttpUser):
         ended = time.perf_counter()
         raw = _int(resp_headers.get(RAW_TOKENS_HEADER))
         rendered = _int(resp_headers.get(RENDERED_TOKENS_HEADER))
+        admission_wait = _float(resp_headers.get(ADMISSION_WAIT_HEADER))
         ttft_ms = None if reader.first_token_at is None else (reader.first_token_at - started) * 1e3
         ttlt_ms = (ended - started) * 1e3
         if problem is None:
@@ -338,6 +340,7 @@ class AgentSession(FastHttpUser):
                 "completion_tokens": reader.completion_tokens,
                 "raw_prompt_tokens": raw,
                 "rendered_prompt_tokens": rendered,
+                "admission_wait_s": admission_wait,
                 "replica": resp_headers.get(REPLICA_HEADER),
             },
         )
@@ -358,5 +361,12 @@ class AgentSession(FastHttpUser):
 def _int(value: Any) -> int | None:
     try:
         return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
     except (TypeError, ValueError):
         return None

@@ -42,7 +42,7 @@ COLUMNS = (
     ("vllm_kv_usage_max", "KV use max", "{:.0%}"),
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
     ("session_time_mean_s", "session time mean s", "{:.1f}"),
-    ("admission_wait_max_s", "longest admission wait ≤ s", "{:.3f}"),
+    ("admission_wait_max_s", "longest admission wait s", "{:.3f}"),
     ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
 REAL_AND_DIFFERENT = """\

@@ -38,7 +38,7 @@ ROUTING_COLUMNS = (
     ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
     *LOAD_COLUMNS,
     ("session_time_mean_s", "session time mean s", "{:.1f}"),
-    ("admission_wait_max_s", "longest admission wait ≤ s", "{:.3f}"),
+    ("admission_wait_max_s", "longest admission wait s", "{:.3f}"),
 )
 STRATEGY_COLUMNS = (
     *LOAD_COLUMNS,
@@ -267,7 +267,7 @@ def capacity_answer(
         f"### 5. Capacity: most concurrent sessions served with client TTFT p95 under "
         f"{bound_ms:.0f} ms (no failures), per step-load arm",
         "",
-        "| cell | arm | sessions served (per run) | longest admission wait ≤ s |",
+        "| cell | arm | sessions served (per run) | longest admission wait s |",
         "|---|---|---|---|",
     ]
     for r in stepped:

@@ -51,7 +51,7 @@ METRICS = (
     "session_time_p95_s",
 )
 # Filled for gateway cells only (the no-gateway arm has no gateway headers).
-GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens")
+GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens", "admission_wait_max_s")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -122,8 +122,13 @@ def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dic
         "session_time_p95_s": percentile(sessions, 0.95),
         "raw_prompt_tokens": None,
         "rendered_prompt_tokens": None,
+        "admission_wait_max_s": None,
     }
     if cell.arm == "gateway":
         row["raw_prompt_tokens"] = sum(r["raw_prompt_tokens"] or 0 for r in ok)
         row["rendered_prompt_tokens"] = sum(r["rendered_prompt_tokens"] or 0 for r in ok)
+        # From each reply's x-foldgate-admission-wait: the wait itself, not a bucket bound.
+        row["admission_wait_max_s"] = max(
+            (r.get("admission_wait_s") or 0.0 for r in requests), default=0.0
+        )
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from router.metrics import parse_metrics_page
 
@@ -34,7 +33,6 @@ GAUGES = (KV_USAGE, WAITING, RUNNING)
 HISTOGRAMS = (QUEUE_TIME, TTFT)
 # The gateway's own (branch kv, /work/coord/kv-knobs.md): seconds a request waited for
 # working-set admission, labelled by outcome.
-ADMISSION_WAIT = "foldgate_admission_wait_seconds"
 
 
 @dataclass(frozen=True)
@@ -150,29 +148,3 @@ class Window:
     def _pairs(self) -> list[tuple[Scrape, Scrape]]:
         by_url = {s.url: s for s in self.before}
         return [(by_url[a.url], a) for a in self.after]
-
-
-def admission_wait_max(text: str, name: str = ADMISSION_WAIT) -> float | None:
-    """An upper bound of the longest wait a gateway's ``/metrics`` page shows in histogram
-    ``name`` (all labels together): the smallest bucket bound that holds every observation,
-    or the largest finite bound when some lie beyond it. 0.0 when nothing was observed;
-    None when the page has no such histogram (a gateway without admission)."""
-    buckets: dict[float, float] = {}
-    count = 0.0
-    found = False
-    for family in text_string_to_metric_families(text):
-        if family.name != name:
-            continue
-        found = True
-        for sample in family.samples:
-            if sample.name == f"{name}_bucket":
-                bound = float(sample.labels["le"])
-                buckets[bound] = buckets.get(bound, 0.0) + sample.value
-            elif sample.name == f"{name}_count":
-                count += sample.value
-    if not found:
-        return None
-    if not count:
-        return 0.0
-    finite = sorted(le for le in buckets if not math.isinf(le))
-    return next((le for le in finite if buckets[le] >= count), finite[-1] if finite else None)

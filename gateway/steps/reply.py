@@ -25,12 +25,14 @@ from gateway.upstream import UpstreamError
 @dataclass(frozen=True, slots=True)
 class Reply:
     """What the client gets: its session, the replica that served it, the prompt's token
-    estimates (as sent and as rendered), and the reply, whole or as frames."""
+    estimates (as sent and as rendered), the seconds it waited for working-set admission,
+    and the reply, whole or as frames."""
 
     session: str
     replica: str
     raw_tokens: int
     rendered_tokens: int
+    admission_wait_s: float
     body: dict[str, Any] | None = None
     frames: AsyncIterator[bytes] | None = None
     release: Callable[[], Awaitable[None]] | None = None
@@ -44,9 +46,13 @@ async def reply(
     chunks: AsyncIterator[dict[str, Any]],
     exchange: Exchange,
     lease: Lease,
+    admission_wait_s: float = 0.0,
 ) -> Reply:
     """The reply; a streamed one takes ``lease`` with it."""
-    head = (ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens)
+    head = (
+        ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens,
+        admission_wait_s,
+    )  # fmt: skip
     if ingested.stream:
         frames = released(dialect.stream(broken_off_named(chunks), exchange), lease)
         return Reply(*head, frames=frames, release=lease.release)

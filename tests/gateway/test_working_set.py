@@ -70,20 +70,20 @@ def sample(name: str, **labels: str) -> float:
 
 
 async def drive(url: str, run: str, session: int, think_s: float) -> list[float]:
-    """One agent session: STEPS requests with a think time between; each request's time."""
-    took = []
+    """One agent session: STEPS requests with a think time between; the admission wait
+    each reply's header reports."""
+    waits = []
     async with httpx.AsyncClient(timeout=60) as http:
         for step in range(STEPS):
-            start = time.monotonic()
             resp = await http.post(
                 f"{url}/v1/chat/completions",
                 json=body(session, step),
                 headers={"x-session-id": f"{run}-s{session}", "x-foldgate-strategy": "base"},
             )
             assert resp.status_code == 200, resp.text
-            took.append(time.monotonic() - start)
+            waits.append(float(resp.headers["x-foldgate-admission-wait"]))
             await asyncio.sleep(think_s)  # the agent's tool call (simulated pause)
-    return took
+    return waits
 
 
 async def run(config: GatewayConfig, reply: ScriptedReply, think_s: float):
@@ -92,13 +92,13 @@ async def run(config: GatewayConfig, reply: ScriptedReply, think_s: float):
         config = replace(config, replicas=tuple(f.url for f in fakes))
         run = uuid.uuid4().hex[:8]  # the store (one Redis per test session) is shared
         async with running_gateway(config) as url:
-            times = await asyncio.gather(*(drive(url, run, s, think_s) for s in range(SESSIONS)))
+            waits = await asyncio.gather(*(drive(url, run, s, think_s) for s in range(SESSIONS)))
             async with httpx.AsyncClient(timeout=30) as http:
                 logs = [
                     (await http.get(f"{url}/v1/sessions/{run}-s{s}")).json()["log"]
                     for s in range(SESSIONS)
                 ]
-        return times, logs, [r for f in fakes for r in f.requests]
+        return waits, logs, [r for f in fakes for r in f.requests]
     finally:
         for f in fakes:
             await f.stop()
@@ -121,7 +121,7 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
               ("admitted", "waited", "priced", "timed_out")}  # fmt: skip
     reply = ScriptedReply(content="ok", first_chunk_delay_s=0.3)
     async with LoopLag() as lag:
-        _, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
+        told, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
     # Every session completed every step, each on the one replica admission placed it on
     # (new sessions spread over both by the room beside their sets; no member moved).
     assert [len(log) for log in logs] == [STEPS] * SESSIONS
@@ -129,6 +129,8 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
     assert all(len(h) == 1 for h in homes), homes
     assert len(set().union(*homes)) == 2, homes
     waits = [r["admission_wait_s"] for log in logs for r in log]
+    # Each reply tells its client the wait its log records (to the millisecond).
+    assert told == [[round(r["admission_wait_s"], 3) for r in log] for log in logs]
     # Twice as many sessions as fit: some waited, and none longer than the bound.
     assert max(waits) > 0.05, waits
     assert max(waits) <= MAX_WAIT_S + lag.longest + TIMER_S, (lag.longest, waits)
@@ -169,10 +171,11 @@ async def test_switched_off_the_upstream_requests_and_logs_are_todays(redis_url)
         upstream_priority=False,
         kv_events=False,
     )
-    _, logs, bodies = await run(default, reply, think_s=0.0)
+    told, logs, bodies = await run(default, reply, think_s=0.0)
     _, _, bodies_off = await run(off, reply, think_s=0.0)
     assert not any("priority" in b or "session_id" in b for b in bodies)
     assert {(r["admission_wait_s"], r["priority"]) for log in logs for r in log} == {(0.0, 0)}
+    assert {w for waits in told for w in waits} == {0.0}
 
     def canonical(bs: list[dict]) -> list[str]:
         return sorted(str(sorted(b.items())) for b in bs)

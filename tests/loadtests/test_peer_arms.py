@@ -28,7 +28,6 @@ from loadtests.plan import PlanError, load_profile, unknown_overrides
 from loadtests.report_answers import answers, verdict
 from loadtests.report_tables import aggregate, table
 from loadtests.results import capacity, session_times
-from loadtests.vllm_metrics import admission_wait_max
 from router.cost import get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +241,7 @@ def test_the_report_puts_peer_rows_beside_foldgates_and_applies_the_tie_rule() -
     assert "| refold_sticky-cost_u4_kv6M | foldgate sticky_cost (refold) |" in table(rows, ())
 
 
-def test_session_times_capacity_and_the_longest_admission_wait() -> None:
+def test_session_times_and_capacity() -> None:
     requests = [
         {"session": "a", "start": 0.0, "end": 2.0, "ok": True},
         {"session": "a", "start": 5.0, "end": 9.5, "ok": True},
@@ -258,18 +257,3 @@ def test_session_times_capacity_and_the_longest_admission_wait() -> None:
     ]
     assert capacity(stages, 2000.0) == 4
     assert capacity(stages, 100.0) == 0
-    page = (
-        "# TYPE foldgate_admission_wait_seconds histogram\n"
-        'foldgate_admission_wait_seconds_bucket{outcome="admitted",le="0.5"} 3\n'
-        'foldgate_admission_wait_seconds_bucket{outcome="admitted",le="2.0"} 3\n'
-        'foldgate_admission_wait_seconds_bucket{outcome="admitted",le="+Inf"} 3\n'
-        'foldgate_admission_wait_seconds_count{outcome="admitted"} 3\n'
-        'foldgate_admission_wait_seconds_sum{outcome="admitted"} 0\n'
-        'foldgate_admission_wait_seconds_bucket{outcome="waited",le="0.5"} 0\n'
-        'foldgate_admission_wait_seconds_bucket{outcome="waited",le="2.0"} 1\n'
-        'foldgate_admission_wait_seconds_bucket{outcome="waited",le="+Inf"} 1\n'
-        'foldgate_admission_wait_seconds_count{outcome="waited"} 1\n'
-        'foldgate_admission_wait_seconds_sum{outcome="waited"} 1.2\n'
-    )
-    assert admission_wait_max(page) == 2.0
-    assert admission_wait_max("# TYPE other gauge\nother 1\n") is None
