@@ -150,6 +150,13 @@ class GatewayConfig:
     against the soonest room can come (``router.working_set.admits_early``); a replica
     whose members are all in their pauses then serves its waiters instead of idling.
     Off: a waiter waits for room or the bound."""
+    admission_price_fit: bool = False
+    """With ``admission``: price those restores and prefills at what one uncached token
+    costs on the replicas as they run now, the slope of the recent replies' time to first
+    token against the tokens their replicas prefilled (``router.prefill_price``), instead of
+    ``cost_model``'s fixed figure; the cost model's until enough replies are in. For
+    replicas whose speed follows a shared machine's load (vLLM-CPU), or whose preset is
+    not known."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""
@@ -253,6 +260,7 @@ def _from_env(name: str, raw: str) -> Any:
         "pause_reservation",
         "kv_events",
         "admission_work_conserving",
+        "admission_price_fit",
     }:
         return raw.strip().lower() in {"1", "true", "yes", "on"}
     if name.endswith("_s") or name in {"rehome_margin", "admission_kv_fraction"}:

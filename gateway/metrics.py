@@ -92,6 +92,12 @@ def cache_callbacks(name: str) -> dict[str, Callable[[int], None]]:
     return {"on_evict": lambda _size: evictions.inc(), "on_size": held.set}
 
 
+ADMISSION_PREFILL_PRICE = Gauge(
+    "foldgate_admission_prefill_price_seconds",
+    "Seconds one uncached prompt token costs as working-set admission prices restores: the "
+    "cost model's figure, or with admission_price_fit the replies' fitted one "
+    "(router.prefill_price)",
+)
 ADMISSION_WAIT_SECONDS = Histogram(
     "foldgate_admission_wait_seconds",
     "Time a request waited at the gateway for its session to enter its replica's working set "

@@ -52,7 +52,7 @@ from gateway.steps.decode import Decoder
 from gateway.steps.forward import Forward, Opened
 from gateway.steps.ingest import Ingested, Stored, lookup, store_history
 from gateway.steps.kept import remember_reply
-from gateway.steps.kv import KvControl, Placement
+from gateway.steps.kv import KvControl, Placement, first_token
 from gateway.steps.render import Render
 from gateway.steps.render_call import Rendering, keep, render
 from gateway.steps.reply import Reply, reply
@@ -77,6 +77,7 @@ class Started:
     stored: Stored
     kv: Placement
     priority: int
+    first_chunk_s: float | None  # from the send to the first replica's first chunk
 
 
 class Pipeline:
@@ -215,11 +216,15 @@ class Pipeline:
         kv = await self.kv.place(ingested, hints)  # may wait for working-set admission
         priority = self.kv.scope(body, ingested, kv)
         stored: Stored | None = None
+        first_chunk_s: float | None = None
+        sent = time.monotonic()
 
         async def accepted(replica: Replica) -> None:
             # Again when another replica takes a broken non-streaming reply over: the history
             # is appended once (the write is idempotent), the assignment moves to that one.
-            nonlocal stored
+            nonlocal stored, first_chunk_s
+            if stored is None:
+                first_chunk_s = time.monotonic() - sent
             self.kv.started(kv, replica.url)
             expected = stored.assignment if stored else ingested.found.assignment
             stored = await self.store_history(ingested, rendering, replica, expected)
@@ -233,7 +238,7 @@ class Pipeline:
         assert stored is not None  # send returns once a replica accepted
         metrics.PROMPT_TOKENS.labels(kind="raw").inc(ingested.raw_tokens)
         metrics.PROMPT_TOKENS.labels(kind="rendered").inc(opened.tokens)
-        return Started(history, rendering, opened, stored, kv, priority)
+        return Started(history, rendering, opened, stored, kv, priority, first_chunk_s)
 
     async def store_history(
         self,
@@ -265,7 +270,8 @@ class Pipeline:
                 yield chunk
             served = True
         finally:
-            self.kv.finish(started.kv, served=served)
+            measured = first_token(restoring.usage, started.first_chunk_s) if served else None
+            self.kv.finish(started.kv, served=served, first_token=measured)
         # Accounting is bookkeeping, not history: the client need not wait for it.
         request_id = uuid.uuid4().hex
         outcome = restoring.outcome()

@@ -32,6 +32,8 @@ class ScriptedReply:
     chunk_chars: int = 8
     chunk_delay_s: float = 0.0  # pause before each chunk after the first (a decoding model)
     first_chunk_delay_s: float = 0.0  # pause before the response starts (queueing, prefill)
+    # And this much more per prompt token (as the usage counts them): a prefill's length.
+    prefill_s_per_token: float = 0.0
     # A replica's fault after ``breaks_after`` chunks: "drop" (the connection is cut),
     # "error" (an error event, as vLLM sends when generation fails), "not_json" (a data line
     # that is not JSON), "cut_line" (the stream ends inside a line); None: no fault.
@@ -140,8 +142,9 @@ class FakeUpstream:
             )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         try:
-            if reply.first_chunk_delay_s:
-                await self._pause(request, reply.first_chunk_delay_s)
+            before = reply.first_chunk_delay_s + reply.prefill_s_per_token * prompt_tokens
+            if before:
+                await self._pause(request, before)
             await resp.prepare(request)
             for i, chunk in enumerate(self.chunks(reply, prompt_tokens=prompt_tokens)):
                 if i and reply.chunk_delay_s:

@@ -54,6 +54,8 @@ class AdmissionVerdict:
 
 
 ADMITTED = AdmissionVerdict(True)
+# A served reply's (uncached prompt tokens, seconds from send to its first token).
+FirstToken = tuple[int, float]
 
 
 class Admission(Protocol):
@@ -66,10 +68,18 @@ class Admission(Protocol):
         ...
 
     def ended(
-        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+        self,
+        tenant: str,
+        session: str,
+        replica: str,
+        now: float,
+        *,
+        served: bool = True,
+        first_token: FirstToken | None = None,
     ) -> None:
         """A reply of the session on ``replica`` ended (``served``: answered; else it
-        failed, or its share moved to another replica)."""
+        failed, or its share moved to another replica); ``first_token``: the tokens its
+        replica prefilled and the seconds to its first token, where measured."""
         ...
 
     def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
@@ -92,7 +102,14 @@ class AdmitAll:
         return None
 
     def ended(
-        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+        self,
+        tenant: str,
+        session: str,
+        replica: str,
+        now: float,
+        *,
+        served: bool = True,
+        first_token: FirstToken | None = None,
     ) -> None:
         return None
 

@@ -15,7 +15,9 @@ that goes without room (that one, or a member's whose prefix grew past it) takes
 reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
 the set never counts more than the pool holds. With ``work_conserving`` the first waiter
 also goes before that, when its wait costs more than going (``admits_early``: the replica
-idling through its members' pauses, their restores cheap): reason ``priced``.
+idling through its members' pauses, their restores cheap): reason ``priced``. With
+``price_fit`` restores and prefills are priced at what the replies' first tokens say an
+uncached token costs now (``router.prefill_price``), not the cost model's fixed figure.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Self
 
-from router.admission_seam import AdmissionRequest, AdmissionVerdict
+from router.admission_seam import AdmissionRequest, AdmissionVerdict, FirstToken
 from router.cost import CostModel
 from router.inputs import Candidate
 from router.knobs import Knobs
+from router.prefill_price import PrefillPrice
 from router.working_set import (
     PAUSES_KEPT,
     Member,
@@ -73,12 +76,15 @@ class WorkingSetAdmission:
         reservation_max_s: float = 120.0,
         pool_tokens: int | None = None,
         work_conserving: bool = True,
+        price_fit: bool = False,
     ) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"admission_kv_fraction must be in (0, 1], got {fraction}")
         if max_wait_s < 0 or reservation_max_s < 0:
             raise ValueError("admission_max_wait_s and reservation_max_s must be >= 0")
-        self.cost = cost
+        self.base_cost = cost
+        self.cost = cost  # at the fitted prefill price, with ``price_fit``
+        self.price = PrefillPrice(cost.per_prefill_token_s) if price_fit else None
         self.fraction = fraction
         self.max_wait_s = max_wait_s
         self.reserve = reserve
@@ -105,6 +111,7 @@ class WorkingSetAdmission:
             reserve=knobs.pause_reservation,
             reservation_max_s=knobs.reservation_max_s,
             work_conserving=knobs.admission_work_conserving,
+            price_fit=knobs.admission_price_fit,
         )
 
     def room(self, candidate: Candidate | None) -> Room | None:
@@ -174,10 +181,22 @@ class WorkingSetAdmission:
         members[key] = Member(request.prompt_tokens, (old.running if old else 0) + 1, 0.0)
 
     def ended(
-        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+        self,
+        tenant: str,
+        session: str,
+        replica: str,
+        now: float,
+        *,
+        served: bool = True,
+        first_token: FirstToken | None = None,
     ) -> None:
         """A reply of the session on ``replica`` ended (``served``: it was answered, so the
-        session pauses now and its footprint is reserved through the pause)."""
+        session pauses now and its footprint is reserved through the pause);
+        ``first_token`` feeds the prefill price."""
+        if first_token is not None and self.price is not None:
+            self.price.observe(*first_token)
+            if self.price.fitted:
+                self.cost = replace(self.base_cost, per_prefill_token_s=self.price.per_token_s)
         key = (tenant, session)
         members = self.members.get(replica, {})
         member = members.get(key)

@@ -17,7 +17,7 @@ request goes exactly as without this step):
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +28,7 @@ from gateway.steps.route import LAST_PROMPT
 from gateway.steps.working_set import Ticket, WorkingSetGate
 from gateway.tenants import Tenants
 from router import ReplicaPool, RouteHints
+from router.admission_seam import FirstToken
 from router.cost import CostModel, get_preset
 from router.kv_events import session_key
 from router.kv_subscriber import KvEventSubscriber
@@ -49,6 +50,24 @@ class Placement:
     @property
     def wait_s(self) -> float:
         return self.ticket.wait_s if self.ticket is not None else 0.0
+
+
+def first_token(
+    usage: Sequence[Mapping[str, Any]], first_chunk_s: float | None
+) -> FirstToken | None:
+    """What an answered reply says of its replica's prefill: the prompt tokens its usage
+    counts less those served from the prefix cache, and the seconds from the send to the
+    first chunk (vLLM streams nothing before the first token). Only for a reply of one
+    upstream request whose usage reports the cached share (vLLM's
+    ``--enable-prompt-tokens-details``): a restore's or a failover's times mix requests."""
+    if first_chunk_s is None or len(usage) != 1:
+        return None
+    prompt = usage[0].get("prompt_tokens")
+    details = usage[0].get("prompt_tokens_details")
+    if not isinstance(prompt, int) or not isinstance(details, dict):
+        return None
+    cached = details.get("cached_tokens") or 0
+    return (prompt - cached, first_chunk_s) if isinstance(cached, int) else None
 
 
 def replica_tokens(ingested: Ingested, hints: RouteHints) -> int:
@@ -82,6 +101,7 @@ class KvControl:
                 reservation_max_s=config.reservation_max_s,
                 pool_tokens=config.kv_pool_tokens,
                 work_conserving=config.admission_work_conserving,
+                price_fit=config.admission_price_fit,
             )
             self.gate = WorkingSetGate(admission, pool)
         self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None
@@ -139,9 +159,11 @@ class KvControl:
         if self.gate is not None and placed.ticket is not None:
             self.gate.started(placed.ticket, replica_url)
 
-    def finish(self, placed: Placement, *, served: bool) -> None:
+    def finish(
+        self, placed: Placement, *, served: bool, first_token: FirstToken | None = None
+    ) -> None:
         if self.gate is not None and placed.ticket is not None:
-            self.gate.finish(placed.ticket, served=served)
+            self.gate.finish(placed.ticket, served=served, first_token=first_token)
 
     async def close(self) -> None:
         if self.events is not None:

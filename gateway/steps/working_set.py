@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 
 from gateway import metrics
 from router import ReplicaPool
-from router.admission_seam import AdmissionRequest, AdmissionVerdict, admission_request, relocate
+from router.admission_seam import (
+    AdmissionRequest,
+    AdmissionVerdict,
+    FirstToken,
+    admission_request,
+    relocate,
+)
 from router.inputs import snapshot
 from router.working_set_admission import WorkingSetAdmission
 
@@ -182,16 +188,25 @@ class WorkingSetGate:
         ticket.request = relocate(self.admission, request, url, self.clock())
         self._notify()
 
-    def finish(self, ticket: Ticket, *, served: bool) -> None:
+    def finish(
+        self, ticket: Ticket, *, served: bool, first_token: FirstToken | None = None
+    ) -> None:
         """The request's reply ended (``served``) or it failed: its running share goes; a
-        served one reserves the session's footprint through its pause."""
+        served one reserves the session's footprint through its pause (and its
+        ``first_token`` feeds the admission's prefill price)."""
         request = ticket.request
         if ticket.done or request is None:
             return
         ticket.done = True
         self.admission.ended(
-            request.tenant, request.session, request.replica, self.clock(), served=served
+            request.tenant,
+            request.session,
+            request.replica,
+            self.clock(),
+            served=served,
+            first_token=first_token,
         )
+        metrics.ADMISSION_PREFILL_PRICE.set(self.admission.cost.per_prefill_token_s)
         self._notify()
 
     def _notify(self) -> None:

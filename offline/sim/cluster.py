@@ -438,7 +438,10 @@ class _Cluster:
     def finished(self, now: float, req: SimRequest) -> None:
         config, result = self.config, self.result
         s = self.sessions[req.session]
-        self.routing.ended(self.routed.pop(req.session), now)
+        measured = None
+        if req.first_token is not None and req.cached_tokens is not None:
+            measured = (req.prompt_tokens - req.cached_tokens, req.first_token - req.sent)
+        self.routing.ended(self.routed.pop(req.session), now, measured)
         self.last_finish = now
         if req.sent >= config.warmup_s:
             result.requests += 1

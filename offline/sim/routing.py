@@ -25,6 +25,7 @@ from router.admission_seam import (
     Admission,
     AdmissionRequest,
     AdmissionVerdict,
+    FirstToken,
     admission_request,
     relocate,
 )
@@ -174,10 +175,12 @@ class SimRouting:
         if assign is not None:
             self.assignments.write(routed.tenant, routed.session, assign)
 
-    def ended(self, routed: Routed, now: float) -> None:
+    def ended(self, routed: Routed, now: float, first_token: FirstToken | None = None) -> None:
         """The reply ended: served, so the session's footprint is reserved through its
-        pause."""
+        pause; ``first_token`` as the gateway measures it (``gateway.steps.kv``)."""
         routed.replica.ended()
         if self.admission is not None and routed.admitted is not None:
             request = routed.admitted
-            self.admission.ended(request.tenant, request.session, request.replica, now)
+            self.admission.ended(
+                request.tenant, request.session, request.replica, now, first_token=first_token
+            )

@@ -14,6 +14,7 @@ import httpx
 from prometheus_client import REGISTRY
 
 from gateway.config import GatewayConfig
+from gateway.steps.kv import first_token
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from loadtests.local_servers import running_gateway
 
@@ -181,3 +182,50 @@ async def test_switched_off_the_upstream_requests_and_logs_are_todays(redis_url)
         return sorted(str(sorted(b.items())) for b in bs)
 
     assert canonical(bodies) == canonical(bodies_off)
+
+
+async def test_with_price_fit_admission_prices_at_what_the_replicas_first_tokens_took(redis_url):
+    """A fake whose first chunk takes 2 ms per prompt token: the price admission weighs
+    restores with (its gauge) comes from the replies, not the cost model's 24 us."""
+    per_token_s = 2e-3
+    reply = ScriptedReply(content="ok", first_chunk_delay_s=0.02, prefill_s_per_token=per_token_s)
+    fakes = [await FakeUpstream(default=reply).start() for _ in range(2)]
+    config = GatewayConfig(
+        store_url=redis_url,
+        probe_interval_s=0.5,
+        replicas=tuple(f.url for f in fakes),
+        admission=True,
+        admission_price_fit=True,
+        kv_pool_tokens=1_000_000,  # everything fits: nobody waits, every reply is priced
+        cost_model="cpu-tiny",
+    )
+    run = uuid.uuid4().hex[:8]
+
+    async def session(n: int) -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for step in range(2):
+                messages = [{"role": "system", "content": "x" * (400 * (n + 1))}]
+                messages.append({"role": "user", "content": f"step {step}"})
+                resp = await http.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "m", "messages": messages, "max_tokens": 8},
+                    headers={"x-session-id": f"{run}-p{n}", "x-foldgate-strategy": "base"},
+                )
+                assert resp.status_code == 200, resp.text
+
+    try:
+        async with running_gateway(config) as url:
+            await asyncio.gather(*(session(n) for n in range(8)))
+        price = sample("foldgate_admission_prefill_price_seconds")
+        assert per_token_s / 2 < price < per_token_s * 2, price
+    finally:
+        for f in fakes:
+            await f.stop()
+
+
+def test_a_reply_tells_its_prefill_only_when_one_request_with_cached_counts_answered_it():
+    usage = {"prompt_tokens": 1_000, "prompt_tokens_details": {"cached_tokens": 600}}
+    assert first_token([usage], 0.4) == (400, 0.4)
+    assert first_token([usage, usage], 0.4) is None  # a restore: two requests' times
+    assert first_token([{"prompt_tokens": 1_000}], 0.4) is None  # no cached count
+    assert first_token([usage], None) is None  # no first chunk timed

@@ -765,7 +765,14 @@ class OneAtATime:
                 ask(key)
 
     def ended(
-        self, tenant: str, session: str, replica: str, now: float, *, served: bool = True
+        self,
+        tenant: str,
+        session: str,
+        replica: str,
+        now: float,
+        *,
+        served: bool = True,
+        first_token: tuple[int, float] | None = None,
     ) -> None:
         self.busy.discard(replica)
 

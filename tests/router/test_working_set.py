@@ -135,6 +135,7 @@ def seam(
     max_wait_s: float = 5.0,
     work_conserving: bool = False,
     cost: CostModel | None = None,
+    price_fit: bool = False,
 ) -> WorkingSetAdmission:
     # The waiting itself (work_conserving off); the priced early admission's own tests pass
     # it on, with a cost model whose restores cost what they are meant to.
@@ -146,6 +147,7 @@ def seam(
         reservation_max_s=30.0,
         pool_tokens=POOL,
         work_conserving=work_conserving,
+        price_fit=price_fit,
     )
 
 
@@ -356,3 +358,25 @@ def test_with_priced_admission_nobody_waits_past_the_bound():
     assert not admission.decide(ask("b", 0.5)).admit
     verdict = admission.decide(ask("b", 2.5, waited_s=2.0))
     assert verdict.admit and verdict.reason == "timed_out"
+
+
+def test_with_price_fit_the_seam_prices_restores_at_what_the_replies_say():
+    """Priced at SLOW, "c" waits (~7.1 s of restores against 6 s); replies whose first
+    tokens say an uncached token costs TINY's figure make the same restores cheap: it goes."""
+    admission = seam(work_conserving=True, max_wait_s=20.0, cost=SLOW, price_fit=True)
+    two_paused(admission)
+    assert not admission.decide(ask("c", 3.0, tokens=8_000)).admit
+    admission.withdrawn("t", "c")
+    for i, uncached in enumerate((500, 1_000, 2_000, 4_000) * 2):
+        first_token_s = 0.2 + uncached * TINY.per_prefill_token_s
+        admission.ended("t", f"other{i}", "r2", 2.0, first_token=(uncached, first_token_s))
+    assert admission.cost.per_prefill_token_s == pytest.approx(TINY.per_prefill_token_s)
+    verdict = admission.decide(ask("c", 3.0, tokens=8_000))
+    assert verdict.admit and verdict.reason == "priced"
+
+
+def test_without_price_fit_the_replies_leave_the_price_alone():
+    admission = seam(work_conserving=True, cost=SLOW)
+    for uncached in (500, 1_000, 2_000, 4_000) * 2:
+        admission.ended("t", "x", "r1", 1.0, first_token=(uncached, 0.2 + uncached * 1e-6))
+    assert admission.cost == SLOW
