@@ -200,7 +200,6 @@ def admits_early(
     cost: CostModel,
     running: int,
     deadline: float,
-    queued_behind: int = 0,
 ) -> bool:
     """Whether a request that does not fit beside the set (``admits`` said no) and is
     first in its replica's queue goes now anyway, because its wait costs more than going.
@@ -211,9 +210,7 @@ def admits_early(
     scheduler mixes chunk by chunk into the steps that decode them (running requests are
     scheduled first, a new prefill takes the step's remaining token budget), so every one of
     them runs that much slower. Waiting costs the request the time until room comes
-    (``room_at``), and as much to each of the ``queued_behind`` requests waiting after it
-    for the replica (first come first served: none goes before it), counted from the
-    soonest room can come: the paused members coming back
+    (``room_at``), counted from the soonest it can come: the paused members coming back
     within their reservations (what reservations are sized for) only makes the wait
     longer, so going is never a loss when it wins against this lower bound.
 
@@ -230,7 +227,7 @@ def admits_early(
         return True
     going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
     going += running * cost.prefill_s(tokens)
-    return going < (at - now) * (1 + queued_behind)
+    return going < at - now
 
 
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:

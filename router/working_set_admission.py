@@ -224,17 +224,15 @@ class WorkingSetAdmission:
     ) -> bool:
         """``admits_early`` for a waiter first in its queue: the replica's requests are the
         most of its scrape (running and waiting), this gateway's in flight there, and its
-        running members; the waiters behind it, its replica's queue but itself."""
+        running members."""
         counted = [sum(m.running for m in members.values())]
         if candidate is not None:
             counted += [candidate.running + candidate.waiting, candidate.in_flight]
         deadline = request.now + self.max_wait_s - request.waited_s
-        key = (request.tenant, request.session)
-        behind = sum(1 for _, _, k in self._queues.get(request.replica, ()) if k != key)
         return admits_early(
-            room, members, key, request.prompt_tokens,
+            room, members, (request.tenant, request.session), request.prompt_tokens,
             request.now, fraction=self.fraction, cost=self.cost,
-            running=math.ceil(max(counted)), deadline=deadline, queued_behind=behind,
+            running=math.ceil(max(counted)), deadline=deadline,
         )  # fmt: skip
 
     def _revoke(

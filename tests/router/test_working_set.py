@@ -304,28 +304,6 @@ def test_a_busy_replica_prices_the_waiters_prefill_into_what_runs_there():
     assert not early(paused(), cost=SLOW, running=1)
 
 
-def test_the_waiters_behind_wait_as_long_as_the_first_so_their_time_counts_too():
-    # ~3 s of restore against 2 s of one waiter's time: it waits; with one more behind it
-    # the same 2 s is 4 s of the sessions' time: it goes.
-    assert not early(paused(until_b=NOW + 2), cost=SLOW)
-    assert admits_early(
-        ROOM, paused(until_b=NOW + 2), "c", 4_000, NOW, fraction=0.9, cost=SLOW, running=0,
-        deadline=NOW + 30, queued_behind=1,
-    )  # fmt: skip
-
-
-def test_the_seam_counts_its_queue_behind_the_first_waiter():
-    admission = seam(work_conserving=True, max_wait_s=20.0, cost=SLOW)
-    two_paused(admission)
-    # "c" needs both evicted (~7.1 s of restores) and room comes at 9.0: alone it waits.
-    assert not admission.decide(ask("c", 3.0, tokens=8_000)).admit
-    for n, later in enumerate(("d", "e")):  # behind "c" (FCFS): they wait too
-        assert not admission.decide(ask(later, 3.1 + n / 10, tokens=2_000)).admit
-    # Asked again, "c" holds up two more: 3 x 5.8 s of waiting outweighs the restores.
-    verdict = admission.decide(ask("c", 3.2, tokens=8_000, waited_s=0.2))
-    assert verdict.admit and verdict.reason == "priced"
-
-
 def test_room_only_past_the_deadline_goes_now_and_running_members_are_never_evicted():
     # The wait would end in the timeout revoking the same paused sessions: go now.
     assert early(paused(until_b=NOW + 2), cost=SLOW, deadline=NOW + 1)
