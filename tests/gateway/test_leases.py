@@ -104,10 +104,12 @@ async def test_a_killed_gateways_slots_come_back_within_one_lease_period(
 
 
 async def test_a_long_stream_keeps_its_slot_past_the_lease_period(store_url: str) -> None:
-    period = 0.6
+    # renewed every 0.4 s, so a stall of the loop under 0.8 s (a loaded 2-core CI machine
+    # has stalled it 0.4 s) does not let the lease run out
+    period = 1.2
     keys, headers = keyed("acme")
-    # about 4 periods of streaming: 40 chunks, 60 ms apart
-    long_stream = ScriptedReply(content="x" * 320, chunk_chars=8, chunk_delay_s=0.06)
+    # about 4 periods of streaming: 40 chunks, 120 ms apart
+    long_stream = ScriptedReply(content="x" * 320, chunk_chars=8, chunk_delay_s=0.12)
     fake = await FakeUpstream([long_stream]).start()
     config = replace(
         GatewayConfig(store_url=store_url, replicas=(fake.url,), probe_interval_s=0.5),
