@@ -100,7 +100,7 @@ def run_cell(
         window.after = scrape_all(urls)
     _save_scrapes(window, cell_dir / "scrapes.json")
     requests = load_requests(cell_dir)
-    row = summarize(cell, window, requests)
+    row = summarize(cell, window, requests, settings.block_size)
     row["locust_exit_code"] = code
     row["fresh_replicas"] = fresh
     row["replica_ready_s"] = round(ready - started, 1)

