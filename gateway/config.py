@@ -157,6 +157,12 @@ class GatewayConfig:
     ``cost_model``'s fixed figure; the cost model's until enough replies are in. Off by
     default: on the pressure profile it measured a price ~2x ``cpu-tiny-loaded``'s and
     served less for it (docs/results/2026-12-02-kv-pressure-5.md)."""
+    admission_growth_steps: int = 0
+    """With ``admission``: a session entering a replica's working set goes only if the set
+    keeps room for this many more steps of every member's growth (each the size its prompt
+    grew by at its last step) and its own; 0: room for today's prompts only. A set filled
+    to the pool overflows at its members' next steps and revokes the paused, who then
+    re-prefill their whole prefix (``router.working_set.Headroom``)."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""
@@ -248,6 +254,7 @@ def _from_env(name: str, raw: str) -> Any:
         "breaker_failures",
         "kv_pool_tokens",
         "kv_events_port_offset",
+        "admission_growth_steps",
     }:
         return int(raw)
     if name.endswith("_bytes"):  # max_body_bytes, the caches' bounds

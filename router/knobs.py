@@ -58,13 +58,15 @@ class Knobs:
     # Working-set admission (router.working_set_admission; the gateway's config of the same
     # names): the pool share the set may fill, the longest wait, pause reservations, whether
     # a waiter goes when its wait costs more than going, whether that is priced at what the
-    # replies' first tokens say an uncached token costs.
+    # replies' first tokens say an uncached token costs, the steps of growth an entrant leaves
+    # room for.
     admission_kv_fraction: float = 0.9
     admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
     pause_reservation: bool = True
     reservation_max_s: float = 120.0
     admission_work_conserving: bool = True
     admission_price_fit: bool = False
+    admission_growth_steps: int = 0
 
     def cost_model(self) -> CostModel:
         if self.cost is None:

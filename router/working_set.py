@@ -39,13 +39,16 @@ PAUSES_KEPT = 8
 @dataclass(frozen=True, slots=True)
 class Member:
     """A session's share of one replica's pool: ``tokens`` (its last prompt, what its
-    prefix holds there), its requests running there, when its reservation ends, and when
-    its last request there ended (vLLM evicts the blocks freed longest ago first)."""
+    prefix holds there), its requests running there, when its reservation ends, when its
+    last request there ended (vLLM evicts the blocks freed longest ago first), and
+    ``growth``: what its prompt grew by at its last step (an agent's history grows by each
+    reply and tool output, so about that much again at its next)."""
 
     tokens: int
     running: int = 0
     reserved_until: float = 0.0
     ended_at: float = 0.0
+    growth: int = 0
 
     def holds(self, now: float) -> bool:
         """In the working set: a request of it runs, or its reservation lasts."""
@@ -59,6 +62,22 @@ class Room:
 
     pool_tokens: int
     used_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """Room a session entering the set leaves for the set's growth: ``steps`` steps of
+    each member's last growth and of the entrant's own (``growth``). A set filled to the
+    pool with today's prompts overflows at its members' next steps, and a member that grows
+    past the room revokes the paused (``revoked``), who re-prefill their whole prefix when
+    they are back: leaving the room for growth makes the newcomer wait instead, before it
+    has a prefix to lose, or while its own is already gone."""
+
+    steps: int
+    growth: int = 0
+
+    def tokens(self, holding: Mapping[Hashable, Member]) -> int:
+        return self.steps * (self.growth + sum(m.growth for m in holding.values()))
 
 
 def occupied_tokens(room: Room, members: Sequence[Member], now: float) -> int:
@@ -77,12 +96,19 @@ def _others(
 
 
 def _fits(
-    room: Room, holding: Mapping[Hashable, Member], tokens: int, now: float, fraction: float
+    room: Room,
+    holding: Mapping[Hashable, Member],
+    tokens: int,
+    now: float,
+    fraction: float,
+    headroom: Headroom | None = None,
 ) -> bool:
-    """Whether ``tokens`` more fit beside ``holding`` in ``fraction`` of the pool."""
-    return (
-        occupied_tokens(room, list(holding.values()), now) + tokens <= fraction * room.pool_tokens
-    )
+    """Whether ``tokens`` more fit beside ``holding`` in ``fraction`` of the pool, with
+    ``headroom`` left for everyone's next steps where it is asked for."""
+    need = occupied_tokens(room, list(holding.values()), now) + tokens
+    if headroom is not None:
+        need += headroom.tokens(holding)
+    return need <= fraction * room.pool_tokens
 
 
 def admits(
@@ -94,13 +120,15 @@ def admits(
     *,
     fraction: float,
     queued_ahead: int = 0,
+    headroom: Headroom | None = None,
 ) -> bool:
     """Whether a request of ``session`` (``tokens`` of prompt) goes to the replica now.
 
     A member of the working set always goes (its prefix is held for it). Any other session
     goes when nobody queued before it for this replica (``queued_ahead``: first come first
-    served) and its prompt fits beside the set in ``fraction`` of the pool; a replica whose
-    set is empty takes anyone, however large, so no session waits for a pool it can never fit.
+    served) and its prompt fits beside the set in ``fraction`` of the pool, with
+    ``headroom`` left for the set's growth; a replica whose set is empty takes anyone,
+    however large, so no session waits for a pool it can never fit.
     """
     own = members.get(session)
     if own is not None and own.holds(now):
@@ -108,7 +136,7 @@ def admits(
     if queued_ahead > 0:
         return False
     holding = _others(members, session, now)
-    return not holding or _fits(room, holding, tokens, now, fraction)
+    return not holding or _fits(room, holding, tokens, now, fraction, headroom)
 
 
 def revoked(
@@ -146,11 +174,13 @@ def room_at(
     now: float,
     *,
     fraction: float,
+    headroom: Headroom | None = None,
 ) -> float | None:
-    """The soonest the request fits beside the set by waiting: when enough paused members'
-    reservations have ended (soonest ending first) if none of them came back first; ``now``
-    when it fits already; None when the running members alone leave it no room (it then
-    fits only once some of them end, which nothing here says when)."""
+    """The soonest the request fits beside the set by waiting (as ``admits`` counts room):
+    when enough paused members' reservations have ended (soonest ending first) if none of
+    them came back first; ``now`` when it fits already; None when the running members alone
+    leave it no room (it then fits only once some of them end, which nothing here says
+    when)."""
     holding = _others(members, session, now)
     ending = sorted(
         (k for k, m in holding.items() if m.running == 0), key=lambda k: holding[k].reserved_until
@@ -159,7 +189,7 @@ def room_at(
     for key in [None, *ending]:
         if key is not None:
             at = holding.pop(key).reserved_until
-        if not holding or _fits(room, holding, tokens, now, fraction):
+        if not holding or _fits(room, holding, tokens, now, fraction, headroom):
             return at
     return None
 
@@ -200,6 +230,7 @@ def admits_early(
     cost: CostModel,
     running: int,
     deadline: float,
+    headroom: Headroom | None = None,
 ) -> bool:
     """Whether a request that does not fit beside the set (``admits`` said no) and is
     first in its replica's queue goes now anyway, because its wait costs more than going.
@@ -219,8 +250,9 @@ def admits_early(
     cost less than the wait. Where room comes only past ``deadline`` (the end of the
     request's admission wait), waiting ends in a timeout that revokes the same paused
     sessions, so it goes now. Where the running members alone hold the room it waits:
-    going would make vLLM preempt them, not evict the paused."""
-    at = room_at(room, members, session, tokens, now, fraction=fraction)
+    going would make vLLM preempt them, not evict the paused. Room is counted as ``admits``
+    counts it (``headroom``)."""
+    at = room_at(room, members, session, tokens, now, fraction=fraction, headroom=headroom)
     if at is None:
         return False
     if at >= deadline:

@@ -18,6 +18,8 @@ also goes before that, when its wait costs more than going (``admits_early``: th
 idling through its members' pauses, their restores cheap): reason ``priced``. With
 ``price_fit`` restores and prefills are priced at what the replies' first tokens say an
 uncached token costs now (``router.prefill_price``), not the cost model's fixed figure.
+With ``growth_steps`` a session entering the set leaves room for that many steps of the
+set's growth (``router.working_set.Headroom``), each session's growth its last step's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from router.knobs import Knobs
 from router.prefill_price import PrefillPrice
 from router.working_set import (
     PAUSES_KEPT,
+    Headroom,
     Member,
     Room,
     admits,
@@ -52,17 +55,24 @@ from router.working_set import (
 # The pause planned for before any session's pause was seen: agents' tool calls take
 # seconds (the pressure profile's think time is drawn around a few).
 PRIOR_PAUSE_S = 5.0
-# Recent pauses of all sessions, a new session's prior; sessions whose pauses are kept.
+# Recent pauses of all sessions, a new session's prior; sessions whose history is kept.
 GLOBAL_PAUSES_KEPT = 64
-PAUSE_HISTORIES = 100_000
+HISTORIES = 100_000
 
 Key = tuple[str, str]  # (tenant, session)
 
 
 @dataclass(slots=True)
-class _Pauses:
+class _History:
+    """A session's recent pauses, and its last prompt's size (what its next one grows from)."""
+
     last_end: float | None = None
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=PAUSES_KEPT))
+    prompt_tokens: int = 0
+
+    def growth(self, prompt_tokens: int) -> int:
+        """What a prompt of ``prompt_tokens`` adds to the last one (0 for a first)."""
+        return max(0, prompt_tokens - self.prompt_tokens) if self.prompt_tokens else 0
 
 
 class WorkingSetAdmission:
@@ -77,11 +87,14 @@ class WorkingSetAdmission:
         pool_tokens: int | None = None,
         work_conserving: bool = True,
         price_fit: bool = False,
+        growth_steps: int = 0,
     ) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"admission_kv_fraction must be in (0, 1], got {fraction}")
         if max_wait_s < 0 or reservation_max_s < 0:
             raise ValueError("admission_max_wait_s and reservation_max_s must be >= 0")
+        if growth_steps < 0:
+            raise ValueError(f"admission_growth_steps must be >= 0, got {growth_steps}")
         self.base_cost = cost
         self.cost = cost  # at the fitted prefill price, with ``price_fit``
         self.price = PrefillPrice(cost.per_prefill_token_s) if price_fit else None
@@ -91,6 +104,7 @@ class WorkingSetAdmission:
         self.reservation_max_s = reservation_max_s
         self.pool_tokens = pool_tokens  # where a replica's scrape has none
         self.work_conserving = work_conserving
+        self.growth_steps = growth_steps
         self.members: dict[str, dict[Key, Member]] = {}
         self.waiting: dict[Key, tuple[str, float]] = {}  # -> (replica, since), arrival order
         # Per replica, its waiters by (since, arrival number); the arrival numbers; the
@@ -99,7 +113,7 @@ class WorkingSetAdmission:
         self._arrival: dict[Key, int] = {}
         self._roaming: set[Key] = set()
         self._arrivals = itertools.count()
-        self._pauses: OrderedDict[Key, _Pauses] = OrderedDict()
+        self._histories: OrderedDict[Key, _History] = OrderedDict()
         self._recent: deque[float] = deque(maxlen=GLOBAL_PAUSES_KEPT)
 
     @classmethod
@@ -112,6 +126,7 @@ class WorkingSetAdmission:
             reservation_max_s=knobs.reservation_max_s,
             work_conserving=knobs.admission_work_conserving,
             price_fit=knobs.admission_price_fit,
+            growth_steps=knobs.admission_growth_steps,
         )
 
     def room(self, candidate: Candidate | None) -> Room | None:
@@ -147,9 +162,10 @@ class WorkingSetAdmission:
         members = self.members.get(url, {})
         since = self.waiting.get(key, (url, now))[1]
         ahead = self._ahead(url, since)
+        headroom = self._headroom(key, request.prompt_tokens)
         if room is None or admits(
             room, members, key, request.prompt_tokens, now,
-            fraction=self.fraction, queued_ahead=ahead,
+            fraction=self.fraction, queued_ahead=ahead, headroom=headroom,
         ):  # fmt: skip
             waited = self._leave(key)
             if room is not None:  # a member whose prefix grew past the room
@@ -159,7 +175,8 @@ class WorkingSetAdmission:
             self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
-        if self.work_conserving and ahead == 0 and self._early(request, candidate, room, members):
+        early = self.work_conserving and ahead == 0
+        if early and self._early(request, candidate, room, members, headroom):
             self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "priced")
@@ -176,9 +193,13 @@ class WorkingSetAdmission:
                 members.pop(key, None)
         members = self.members.setdefault(request.replica, {})
         old = members.get(key)
+        history = self._history_of(key)
+        growth = history.growth(request.prompt_tokens)
+        history.prompt_tokens = request.prompt_tokens
         # Its tokens: this prompt (the session's prefix grows); its reservation is over, it
         # is back (the next reply's end sets the next one).
-        members[key] = Member(request.prompt_tokens, (old.running if old else 0) + 1, 0.0)
+        running = (old.running if old else 0) + 1
+        members[key] = Member(request.prompt_tokens, running, 0.0, growth=growth)
 
     def ended(
         self,
@@ -201,14 +222,16 @@ class WorkingSetAdmission:
         members = self.members.get(replica, {})
         member = members.get(key)
         if served:
-            self._pauses_of(key).last_end = now
+            self._history_of(key).last_end = now
         if member is not None:
             until = member.reserved_until
             if served and self.reserve and member.running == 1:  # its last request ended
-                expected = expected_pause_s(self._pauses_of(key).gaps, self._prior())
+                expected = expected_pause_s(self._history_of(key).gaps, self._prior())
                 hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
                 until = now + hold
-            updated = Member(member.tokens, max(0, member.running - 1), until, now)
+            updated = replace(
+                member, running=max(0, member.running - 1), reserved_until=until, ended_at=now
+            )
             if updated.holds(now):
                 members[key] = updated
             else:
@@ -221,6 +244,7 @@ class WorkingSetAdmission:
         candidate: Candidate | None,
         room: Room,
         members: dict[Key, Member],
+        headroom: Headroom | None,
     ) -> bool:
         """``admits_early`` for a waiter first in its queue: the replica's requests are the
         most of its scrape (running and waiting), this gateway's in flight there, and its
@@ -232,8 +256,15 @@ class WorkingSetAdmission:
         return admits_early(
             room, members, (request.tenant, request.session), request.prompt_tokens,
             request.now, fraction=self.fraction, cost=self.cost,
-            running=math.ceil(max(counted)), deadline=deadline,
+            running=math.ceil(max(counted)), deadline=deadline, headroom=headroom,
         )  # fmt: skip
+
+    def _headroom(self, key: Key, prompt_tokens: int) -> Headroom | None:
+        """The room an entrant leaves for the set's growth (``growth_steps`` of it), its own
+        growth this step's."""
+        if not self.growth_steps:
+            return None
+        return Headroom(self.growth_steps, self._history_of(key).growth(prompt_tokens))
 
     def _revoke(
         self, room: Room, members: dict[Key, Member], key: Key, tokens: int, now: float
@@ -326,19 +357,19 @@ class WorkingSetAdmission:
                 del members[key]
 
     def _arrived(self, key: Key, now: float) -> None:
-        pauses = self._pauses_of(key)
+        pauses = self._history_of(key)
         if pauses.last_end is not None:
             gap = max(0.0, now - pauses.last_end)
             pauses.gaps.append(gap)
             self._recent.append(gap)
             pauses.last_end = None
 
-    def _pauses_of(self, key: Key) -> _Pauses:
-        pauses = self._pauses.pop(key, None) or _Pauses()
-        self._pauses[key] = pauses  # most recently used last
-        while len(self._pauses) > PAUSE_HISTORIES:
-            self._pauses.popitem(last=False)
-        return pauses
+    def _history_of(self, key: Key) -> _History:
+        history = self._histories.pop(key, None) or _History()
+        self._histories[key] = history  # most recently used last
+        while len(self._histories) > HISTORIES:
+            self._histories.popitem(last=False)
+        return history
 
     def _prior(self) -> float:
         return expected_pause_s(self._recent, PRIOR_PAUSE_S)

@@ -102,6 +102,7 @@ class KvControl:
                 pool_tokens=config.kv_pool_tokens,
                 work_conserving=config.admission_work_conserving,
                 price_fit=config.admission_price_fit,
+                growth_steps=config.admission_growth_steps,
             )
             self.gate = WorkingSetGate(admission, pool)
         self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None

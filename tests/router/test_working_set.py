@@ -15,6 +15,7 @@ from router.inputs import Candidate
 from router.metrics import parse_vllm_metrics
 from router.working_set import (
     PAUSE_SLACK,
+    Headroom,
     Member,
     Room,
     admits,
@@ -42,6 +43,26 @@ def test_a_newcomer_goes_when_it_fits_beside_the_set():
     members = {"a": Member(4_000, running=1), "b": Member(3_000, reserved_until=NOW + 1)}
     assert admits(ROOM, members, "c", 2_000, NOW, fraction=0.9)
     assert not admits(ROOM, members, "c", 2_001, NOW, fraction=0.9)
+
+
+def test_with_headroom_a_newcomer_leaves_room_for_the_sets_next_steps():
+    members = {
+        "a": Member(4_000, running=1, growth=300),
+        "b": Member(3_000, reserved_until=NOW + 1, growth=200),
+        "gone": Member(1_000, reserved_until=NOW - 1, growth=5_000),  # out of the set
+    }
+    # one step: 300 + 200 of the members', 100 of its own
+    assert admits(ROOM, members, "c", 1_400, NOW, fraction=0.9, headroom=Headroom(1, 100))
+    assert not admits(ROOM, members, "c", 1_401, NOW, fraction=0.9, headroom=Headroom(1, 100))
+    assert not admits(ROOM, members, "c", 1_000, NOW, fraction=0.9, headroom=Headroom(2, 100))
+    assert admits(ROOM, members, "c", 1_000, NOW, fraction=0.9, headroom=Headroom(0, 100))
+    # a member goes whatever the headroom; an empty set still takes anyone
+    assert admits(ROOM, members, "a", 9_000, NOW, fraction=0.9, headroom=Headroom(9, 9))
+    assert admits(ROOM, {}, "c", 50_000, NOW, fraction=0.9, headroom=Headroom(9, 9))
+    # room comes as admits counts it: once b's reservation has ended, with b's growth gone
+    at = room_at(ROOM, members, "c", 1_800, NOW, fraction=0.9, headroom=Headroom(1, 100))
+    assert at == NOW + 1
+    assert room_at(ROOM, members, "c", 1_800, NOW, fraction=0.9) == NOW
 
 
 def test_first_come_first_served_a_newcomer_waits_behind_those_queued():
@@ -226,6 +247,32 @@ def test_a_member_whose_prefix_grew_past_the_room_takes_the_oldest_paused_ones()
     assert not admission.holds("t", "a", "r1", 2.2)
     assert admission.holds("t", "b", "r1", 2.2)
     assert not admission.decide(ask("a", 2.3)).admit  # back: it waits for room
+
+
+def test_with_growth_steps_the_seam_keeps_room_for_its_members_growth():
+    def filled(growth_steps: int) -> WorkingSetAdmission:
+        admission = WorkingSetAdmission(
+            get_preset("cpu-tiny"), fraction=0.9, max_wait_s=5.0, pool_tokens=POOL,
+            work_conserving=False, growth_steps=growth_steps,
+        )  # fmt: skip
+        go(admission, "a", 0.0, tokens=2_000)
+        admission.ended("t", "a", "r1", 1.0)
+        go(admission, "a", 2.0, tokens=3_000)  # grew by 1,000 at this step
+        return admission
+
+    # 3,000 + 5,500 fit in 9,000 today, not with a's next 1,000 and b's first step (none)
+    assert filled(0).decide(ask("b", 2.1, tokens=5_500)).admit
+    assert not filled(1).decide(ask("b", 2.1, tokens=5_500)).admit
+    assert filled(1).decide(ask("b", 2.1, tokens=5_000)).admit
+    # an entrant's own growth counts: b was here before at 1,000 and is back at 4,000
+    admission = filled(1)
+    go(admission, "b", 2.1, tokens=1_000)
+    admission.ended("t", "b", "r1", 2.2, served=False)  # out of the set, its size kept
+    refused = admission.decide(ask("b", 2.3, tokens=4_000))  # 3,000 + 4,000 + 1,000 + 3,000
+    assert not refused.admit
+    assert filled(0).decide(ask("b", 2.3, tokens=4_000)).admit
+    with pytest.raises(ValueError, match="admission_growth_steps"):
+        WorkingSetAdmission(get_preset("cpu-tiny"), growth_steps=-1)
 
 
 def test_without_reservations_a_paused_session_leaves_the_set():
