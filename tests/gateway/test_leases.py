@@ -150,7 +150,8 @@ async def test_a_redis_outage_during_release_frees_the_slot_within_the_lease(
     period = 4.0
     redis = RedisServer(tmp_path / "redis", "--save", "", "--appendonly", "yes")
     redis.start()
-    store = open_store(redis.url, timeout_s=0.5)
+    # 2 s per call: a 0.5 s one timed out on a loaded CI machine just after the restart.
+    store = open_store(redis.url, timeout_s=2.0)
     quotas = Quotas(store, Tenants({"acme": {"concurrent_requests": 1}}, None), period)
     try:
         lease = await quotas.admit("acme")
