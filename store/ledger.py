@@ -112,13 +112,16 @@ class Ledger(ABC):
         saw, e.g. its prompt size); the tenant's counters do not take them. ``record``:
         appended to the branch's request log. A branch that no longer exists (session
         deleted or expired) gets nothing; the tenant's counters are added all the same.
+        Adding 0 writes nothing: a counter never added to reads as absent, which readers
+        take as 0 (most of a request's counters add 0: restores, retries, folds).
         """
         check_id("tenant", tenant)
         check_id("session", session)
         check_branch(branch)
         latest = latest or {}
         check_counts(counts, token, latest)
-        await self.record_counts(tenant, session, branch, counts, token, latest, record)
+        added = {name: value for name, value in counts.items() if value}
+        await self.record_counts(tenant, session, branch, added, token, latest, record)
 
     async def get_log(self, tenant: str, session: str, branch: int) -> list[bytes]:
         """The branch's request log (``add_counts`` records) in order; ``NotFound`` if absent."""

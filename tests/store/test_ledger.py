@@ -25,8 +25,9 @@ async def test_counts_add_up_and_a_retry_adds_nothing(
         await b.add_counts(tenant, "s", 0, {"requests": 1, "tokens": 40}, token="r1")  # retry
         await b.add_counts(tenant, "s", 0, {"requests": 1, "tokens": 40}, token="r2")  # equal
         await a.add_counts(tenant, "s", 1, {"requests": 1, "tokens": -5}, token="r3")
-        await a.add_counts(tenant, "s", 0, {}, token="r6", latest={"last": 7})
+        await a.add_counts(tenant, "s", 0, {"restores": 0}, token="r6", latest={"last": 7})
         await b.add_counts(tenant, "s", 0, {}, token="r7", latest={"last": 3})  # set, not added
+        # adding 0 writes nothing (a counter never added to is absent: 0 to its readers)
         assert await b.get_counts(tenant, "s", 0) == {"requests": 2, "tokens": 80, "last": 3}
         assert await a.get_counts(tenant, "s", 1) == {"requests": 1, "tokens": -5}
         assert await b.get_tenant_counts(tenant) == {"requests": 3, "tokens": 75}
