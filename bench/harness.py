@@ -50,6 +50,21 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User+system CPU seconds of each live thread of ``pid`` (Linux /proc), by thread id:
+    the main thread's id is ``pid``."""
+    out: dict[int, float] = {}
+    for entry in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # a thread that ended
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
 @contextmanager
 def process(
     argv: Sequence[str], log: Path, env: dict[str, str] | None = None

@@ -1,6 +1,8 @@
 """Where a full request's CPU goes in a running gateway: ``foldgate serve`` over the FAKE
 upstream, ``bench/workload.py``'s sessions through it, py-spy sampling the gateway
-meanwhile; printed: each step's inclusive share of the event loop thread's samples.
+meanwhile; printed: the CPU per request of the event loop's thread and of the others (the
+SQLite worker, the bulk worker: what the samples' shares do not show), and each step's
+inclusive share of the event loop thread's samples.
 
     .venv/bin/python bench/profile.py [--kb 128] [--sessions 16] [--raw OUT.txt]
 """
@@ -22,7 +24,13 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import gateway_argv, post, process, tree_cpu_seconds, wait_ready
+from bench.harness import (
+    gateway_argv,
+    post,
+    process,
+    thread_cpu_seconds,
+    wait_ready,
+)
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
 
@@ -82,6 +90,13 @@ async def run(kb: int, sessions: int, raw: Path) -> None:
 
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
                 await asyncio.gather(one(http), one(http))  # warm-up
+                # Unsampled first: py-spy stops the process 500 times a second, which
+                # changes how calls overlap (the SQLite worker's share among them).
+                started, threads = time.perf_counter(), thread_cpu_seconds(gateway.pid)
+                await asyncio.gather(*(one(http) for _ in range(sessions)))
+                wall = time.perf_counter() - started
+                spent = thread_cpu_seconds(gateway.pid)
+                threads = {tid: cpu - threads.get(tid, 0.0) for tid, cpu in spent.items()}
                 spy_argv = [str(PY_SPY), "record", "-r", "500", "-f", "raw", "-o", str(raw)]
                 spy = subprocess.Popen(
                     [*spy_argv, "-p", str(gateway.pid)],
@@ -89,14 +104,18 @@ async def run(kb: int, sessions: int, raw: Path) -> None:
                     stderr=subprocess.DEVNULL,
                 )
                 await asyncio.sleep(1.5)  # py-spy attached
-                cpu, started = tree_cpu_seconds(gateway.pid), time.perf_counter()
                 await asyncio.gather(*(one(http) for _ in range(sessions)))
-                cpu = tree_cpu_seconds(gateway.pid) - cpu
-                wall = time.perf_counter() - started
                 spy.send_signal(2)
                 spy.wait()
     requests = sessions * len(bodies)
+    loop_cpu = threads.pop(gateway.pid, 0.0)
+    cpu = loop_cpu + sum(threads.values())
     print(f"{requests} requests, {requests / wall:.0f} req/s, {requests / cpu:.0f} req/CPU-s")
+    print(
+        f"CPU per request: event loop thread {1000 * loop_cpu / requests:.3f} ms,"
+        f" other threads {1000 * (cpu - loop_cpu) / requests:.3f} ms"
+    )
+    print("sampled (a second pass, py-spy attached): each step's share of the loop's samples")
     for step, share in shares(raw).items():
         print(f"{share:5.1f}%  {step}")
 
