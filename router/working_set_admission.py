@@ -357,12 +357,12 @@ class WorkingSetAdmission:
                 del members[key]
 
     def _arrived(self, key: Key, now: float) -> None:
-        pauses = self._history_of(key)
-        if pauses.last_end is not None:
-            gap = max(0.0, now - pauses.last_end)
-            pauses.gaps.append(gap)
+        history = self._history_of(key)
+        if history.last_end is not None:
+            gap = max(0.0, now - history.last_end)
+            history.gaps.append(gap)
             self._recent.append(gap)
-            pauses.last_end = None
+            history.last_end = None
 
     def _history_of(self, key: Key) -> _History:
         history = self._histories.pop(key, None) or _History()
