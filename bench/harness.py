@@ -31,17 +31,10 @@ def tree_cpu_seconds(root: int) -> float:
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or (fields := _stat_fields(f"/proc/{entry}/stat")) is None:
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces; fields resume after its closing bracket.
-        fields = stat[stat.rindex(")") + 2 :].split()
         parents[int(entry)] = int(fields[1])
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        times[int(entry)] = _cpu_seconds(fields)
     total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()
@@ -55,14 +48,25 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     the main thread's id is ``pid``."""
     out: dict[int, float] = {}
     for entry in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # a thread that ended
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        if (fields := _stat_fields(f"/proc/{pid}/task/{entry}/stat")) is not None:
+            out[int(entry)] = _cpu_seconds(fields)
     return out
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc ``stat`` file after the command name; None once it is gone."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None  # a process or thread that ended
+    # The command name may hold spaces; fields resume after its closing bracket.
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    """User+system CPU seconds from ``_stat_fields``' fields (utime, stime)."""
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 @contextmanager

@@ -24,13 +24,7 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (
-    gateway_argv,
-    post,
-    process,
-    thread_cpu_seconds,
-    wait_ready,
-)
+from bench.harness import gateway_argv, post, process, thread_cpu_seconds, wait_ready
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
 
