@@ -19,8 +19,8 @@ the loop's connection never checkpoints.
 Calls keep their order: a call made while an earlier one is still on the worker (or
 waiting behind one) waits for it on the loop, then runs where it would have. Quick calls
 that came during a worker's call used to follow it into the worker's queue, and under load
-that queue never emptied: with 16 sessions at once 87% of the quick calls ran there, at
-~0.5 ms of the worker's CPU per request (``bench/overhead.py``).
+that queue never emptied: with 32 sessions at once 87% of the quick calls ran there; with
+16, ~0.6 ms of the worker's CPU per request (``bench/profile.py``).
 """
 
 from __future__ import annotations
