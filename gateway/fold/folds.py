@@ -11,6 +11,7 @@ its saving, weighted by KV pressure, beats the re-prefill it causes (``pricing.p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
 
 from gateway.fold.pricing import rewrite_pays, rewrite_value
@@ -56,37 +57,46 @@ def decide_folds(
     # corrected by the outputs the suffix changes.
     shown = list(accumulate(c.tokens, initial=0))
     first_shown = next((i for i, m in enumerate(c.out) if m.role != "system"), None)
+    restore_joins = not c.restore_offered and bool(history.tools) and not c.text_mode
     for j in range(len(candidates)):
         chosen = set(candidates[j:])
-        folded = c.folded | chosen
-        changed: set[int] = set()
-        for s in chosen:
-            first, last = fold_run(folded, s)
-            changed.update(range(first, last + 1))
-        renders: dict[int, Message] = {}
-        tokens: dict[int, int] = {}
-        for s in changed:
-            first, last = fold_run(folded, s)
-            key = (s, first, last if s == first else first)
-            if key not in seen:
-                message = folded_message(c, history, s, first, last, rules)
-                seen[key] = (message, count_tokens(message))
-            renders[c.steps[s]], tokens[c.steps[s]] = seen[key]
-        saved = sum(c.tokens[pos] - n for pos, n in tokens.items())
-        saved += sum(c.step_stubs.get(s, (0, 0))[1] for s in chosen)
-        start = min(renders)
-        net = saved
-        if not c.restore_offered and history.tools and not c.text_mode:
+        runs = fold_runs(c.folded | chosen, candidates[j:])
+        positions = [c.steps[s] for first, last in runs for s in range(first, last + 1)]
+        stub_saved = sum(c.step_stubs.get(s, (0, 0))[1] for s in chosen)
+        start = positions[0]
+        if restore_joins:
             # The restore tool joins the schemas: all after them is prefilled again, and
             # every later request carries it.
             start = first_shown if first_shown is not None else start
-            net -= restore_tool_tokens
-        if any(_run_grows(c, tokens, run) for run in {fold_run(folded, s) for s in chosen}):
+        restore_cost = 0 if c.restore_offered else restore_tool_tokens
+        span = shown[now] - shown[start] if start < now else 0
+        # Bounds before rendering anything: a changed output saves at most all its tokens
+        # (its folded text costs at least none), so a suffix whose best case does not pay,
+        # or does not beat the best so far, is passed over as its rendering would be.
+        net_most = sum(c.tokens[p] for p in positions) + stub_saved
+        net_most -= restore_tool_tokens if restore_joins else 0
+        reprefill_least = span - sum(c.tokens[p] for p in positions if start <= p < now)
+        reprefill_least += restore_cost
+        if not rewrite_pays(net_most, reprefill_least, c.requests, state.pressure) or (
+            best is not None
+            and rewrite_value(net_most, c.requests, state.pressure) - reprefill_least <= best[0]
+        ):
+            continue
+        renders: dict[int, Message] = {}
+        tokens: dict[int, int] = {}
+        for first, last in runs:
+            for s in range(first, last + 1):
+                key = (s, first, last if s == first else first)
+                if key not in seen:
+                    message = folded_message(c, history, s, first, last, rules)
+                    seen[key] = (message, count_tokens(message))
+                renders[c.steps[s]], tokens[c.steps[s]] = seen[key]
+        if any(_run_grows(c, tokens, run) for run in runs):
             continue  # a note longer than the outputs it stands for
-        reprefill = shown[now] - shown[start] if start < now else 0
+        saved = sum(c.tokens[pos] - n for pos, n in tokens.items()) + stub_saved
+        net = saved - (restore_tool_tokens if restore_joins else 0)
+        reprefill = span + restore_cost
         reprefill += sum(n - c.tokens[pos] for pos, n in tokens.items() if start <= pos < now)
-        if not c.restore_offered:
-            reprefill += restore_tool_tokens
         if not rewrite_pays(net, reprefill, c.requests, state.pressure):
             continue
         gain = rewrite_value(net, c.requests, state.pressure) - reprefill
@@ -193,6 +203,16 @@ def referred(c: ReFoldCache, history: Transcript, step: int, now: int) -> bool:
     if found:
         c.anchors.pop(step, None)
     return found
+
+
+def fold_runs(folded: set[int], steps: Sequence[int]) -> list[tuple[int, int]]:
+    """The runs of adjacent folded steps holding any of ``steps`` (ascending), each once:
+    walked once each, where a walk per step would cost the run's length per step."""
+    runs: list[tuple[int, int]] = []
+    for s in steps:
+        if not runs or s > runs[-1][1]:
+            runs.append(fold_run(folded, s))
+    return runs
 
 
 def fold_run(folded: set[int], step: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.fold.folds import fold_runs
 from gateway.fold.protocol import FOLD_INSTRUCTION, reminder_text
 from gateway.fold.refold import ReFold, ReFoldCache, chunk_boundary
 from gateway.fold.renderer import RenderState, step_indices
@@ -220,6 +221,13 @@ def test_fold_runs_merge_across_a_chunk_edge_and_separate_at_gaps() -> None:
     assert texts[3] == "[step 3]\nfolded, see the note at step 2"
     assert texts[4] == "[step 4]\nfolded, see the note at step 2"
     assert texts[5] == f"[step 5]\n{out(5)}"
+
+
+def test_fold_runs_names_each_run_holding_a_step_once_in_order() -> None:
+    folded = {0, 1, 2, 5, 7, 8}
+    assert fold_runs(folded, [1, 2, 7]) == [(0, 2), (7, 8)]
+    assert fold_runs(folded, [5, 8]) == [(5, 5), (7, 8)]
+    assert fold_runs(folded, []) == []
 
 
 def test_fold_off_ignores_stale_lines_and_adds_no_instruction() -> None:
