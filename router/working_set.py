@@ -18,7 +18,8 @@ Waiting is not free, though: while a replica's other sessions wait, its own memb
 be in their pauses and its engine idle. ``admits_early`` lets the first waiter go when the
 wait costs more than what admitting it costs (``CostModel``: the paused members' restores,
 the running requests' slowdown), so the controller never idles an engine to save less than
-the wait.
+the wait, and once it has waited that long (``early_at``: a ski rental's rule, since how
+long the wait runs is not known).
 """
 
 from __future__ import annotations
@@ -219,6 +220,61 @@ def eviction_s(
     return total
 
 
+def early_at(
+    room: Room,
+    members: Mapping[Hashable, Member],
+    session: Hashable,
+    tokens: int,
+    now: float,
+    *,
+    fraction: float,
+    cost: CostModel,
+    running: int,
+    deadline: float,
+    waited_s: float = 0.0,
+    headroom: Headroom | None = None,
+) -> float | None:
+    """When a request that does not fit beside the set (``admits`` said no) and is first
+    in its replica's queue goes anyway, if nothing changes meanwhile: ``now`` when its wait
+    costs more than going, else once it has waited as long as going costs; None where the
+    running members alone hold the room.
+
+    Both sides in seconds of the sessions' time, the one cost model's. Going costs the
+    paused members it evicts their restores when they return (``eviction_s``), and each of
+    the ``running`` requests on the replica the request's prefill, which vLLM v1's
+    scheduler mixes chunk by chunk into the steps that decode them (running requests are
+    scheduled first, a new prefill takes the step's remaining token budget), so every one of
+    them runs that much slower. Waiting costs the request the time until room comes
+    (``room_at``), counted from the soonest it can come: the paused members coming back
+    within their reservations (what reservations are sized for) only makes the wait
+    longer, so going is never a loss when it wins against this lower bound.
+
+    That bound is all that is known of the wait, and members that keep coming back within
+    their reservations push the room out again and again (a set of cycling sessions holds
+    an outsider until one of them ends). So the wait is also capped as a ski rental caps
+    renting: the request goes once ``waited_s`` (its whole admission wait so far) reaches
+    what going costs, which never pays more than twice the better of going at once and
+    waiting for the room, whenever the room comes.
+
+    With its members paused the replica runs nothing (``running`` 0): the engine time the
+    restores take later is time it idles now, and the request goes whenever those restores
+    cost less than the wait. Where room comes only past ``deadline`` (the end of the
+    request's admission wait), waiting ends in a timeout that revokes the same paused
+    sessions, so it goes now. Where the running members alone hold the room it waits:
+    going would make vLLM preempt them, not evict the paused. Room is counted as ``admits``
+    counts it (``headroom``)."""
+    at = room_at(room, members, session, tokens, now, fraction=fraction, headroom=headroom)
+    if at is None:
+        return None
+    if at >= deadline:
+        return now
+    going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
+    going += running * cost.prefill_s(tokens)
+    if going < at - now:
+        return now
+    return now + max(0.0, going - waited_s)
+
+
 def admits_early(
     room: Room,
     members: Mapping[Hashable, Member],
@@ -230,36 +286,15 @@ def admits_early(
     cost: CostModel,
     running: int,
     deadline: float,
+    waited_s: float = 0.0,
     headroom: Headroom | None = None,
 ) -> bool:
-    """Whether a request that does not fit beside the set (``admits`` said no) and is
-    first in its replica's queue goes now anyway, because its wait costs more than going.
-
-    Both sides in seconds of the sessions' time, the one cost model's. Going now costs the
-    paused members it evicts their restores when they return (``eviction_s``), and each of
-    the ``running`` requests on the replica the request's prefill, which vLLM v1's
-    scheduler mixes chunk by chunk into the steps that decode them (running requests are
-    scheduled first, a new prefill takes the step's remaining token budget), so every one of
-    them runs that much slower. Waiting costs the request the time until room comes
-    (``room_at``), counted from the soonest it can come: the paused members coming back
-    within their reservations (what reservations are sized for) only makes the wait
-    longer, so going is never a loss when it wins against this lower bound.
-
-    With its members paused the replica runs nothing (``running`` 0): the engine time the
-    restores take later is time it idles now, and the request goes whenever those restores
-    cost less than the wait. Where room comes only past ``deadline`` (the end of the
-    request's admission wait), waiting ends in a timeout that revokes the same paused
-    sessions, so it goes now. Where the running members alone hold the room it waits:
-    going would make vLLM preempt them, not evict the paused. Room is counted as ``admits``
-    counts it (``headroom``)."""
-    at = room_at(room, members, session, tokens, now, fraction=fraction, headroom=headroom)
-    if at is None:
-        return False
-    if at >= deadline:
-        return True
-    going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
-    going += running * cost.prefill_s(tokens)
-    return going < at - now
+    """Whether the first waiter goes now (``early_at`` says now)."""
+    at = early_at(
+        room, members, session, tokens, now, fraction=fraction, cost=cost, running=running,
+        deadline=deadline, waited_s=waited_s, headroom=headroom,
+    )  # fmt: skip
+    return at is not None and at <= now
 
 
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:

@@ -15,7 +15,8 @@ that goes without room (that one, or a member's whose prefix grew past it) takes
 reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
 the set never counts more than the pool holds. With ``work_conserving`` the first waiter
 also goes before that, when its wait costs more than going (``admits_early``: the replica
-idling through its members' pauses, their restores cheap): reason ``priced``. With
+idling through its members' pauses, their restores cheap), or once it has waited as long as
+going costs (``early_at``): reason ``priced``. With
 ``price_fit`` restores and prefills are priced at what the replies' first tokens say an
 uncached token costs now (``router.prefill_price``), not the cost model's fixed figure.
 With ``growth_steps`` a session entering the set leaves room for that many steps of the
@@ -44,7 +45,7 @@ from router.working_set import (
     Member,
     Room,
     admits,
-    admits_early,
+    early_at,
     expected_pause_s,
     next_release,
     occupied_tokens,
@@ -175,15 +176,17 @@ class WorkingSetAdmission:
             self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "timed_out")
-        early = self.work_conserving and ahead == 0
-        if early and self._early(request, candidate, room, members, headroom):
+        goes_at = None
+        if self.work_conserving and ahead == 0:
+            goes_at = self._early(request, candidate, room, members, headroom)
+        if goes_at is not None and goes_at <= now:
             self._leave(key)
             self._revoke(room, members, key, request.prompt_tokens, now)
             return AdmissionVerdict(True, "priced")
         self._wait(key, url, since, roaming=request.roaming)
-        release = next_release(members, now)
         deadline = now + self.max_wait_s - request.waited_s
-        return AdmissionVerdict(False, "waiting", min(deadline, release or deadline))
+        asks = (deadline, next_release(members, now), goes_at)
+        return AdmissionVerdict(False, "waiting", min(t for t in asks if t is not None))
 
     def started(self, request: AdmissionRequest) -> None:
         key = (request.tenant, request.session)
@@ -245,18 +248,19 @@ class WorkingSetAdmission:
         room: Room,
         members: dict[Key, Member],
         headroom: Headroom | None,
-    ) -> bool:
-        """``admits_early`` for a waiter first in its queue: the replica's requests are the
+    ) -> float | None:
+        """``early_at`` for a waiter first in its queue: the replica's requests are the
         most of its scrape (running and waiting), this gateway's in flight there, and its
         running members."""
         counted = [sum(m.running for m in members.values())]
         if candidate is not None:
             counted += [candidate.running + candidate.waiting, candidate.in_flight]
         deadline = request.now + self.max_wait_s - request.waited_s
-        return admits_early(
+        return early_at(
             room, members, (request.tenant, request.session), request.prompt_tokens,
             request.now, fraction=self.fraction, cost=self.cost,
-            running=math.ceil(max(counted)), deadline=deadline, headroom=headroom,
+            running=math.ceil(max(counted)), deadline=deadline, waited_s=request.waited_s,
+            headroom=headroom,
         )  # fmt: skip
 
     def _headroom(self, key: Key, prompt_tokens: int) -> Headroom | None:

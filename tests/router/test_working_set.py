@@ -20,6 +20,7 @@ from router.working_set import (
     Room,
     admits,
     admits_early,
+    early_at,
     eviction_s,
     expected_pause_s,
     next_release,
@@ -307,10 +308,10 @@ def paused(until_b: float = NOW + 6) -> dict[str, Member]:
     }
 
 
-def early(members, tokens=4_000, cost=TINY, running=0, deadline=NOW + 30) -> bool:
+def early(members, tokens=4_000, cost=TINY, running=0, deadline=NOW + 30, waited_s=0.0) -> bool:
     return admits_early(
         ROOM, members, "c", tokens, NOW, fraction=0.9, cost=cost, running=running,
-        deadline=deadline,
+        deadline=deadline, waited_s=waited_s,
     )  # fmt: skip
 
 
@@ -351,6 +352,18 @@ def test_a_busy_replica_prices_the_waiters_prefill_into_what_runs_there():
     assert not early(paused(), cost=SLOW, running=1)
 
 
+def test_a_waiter_goes_once_it_has_waited_as_long_as_going_costs():
+    # ~3 s of restore against 2 s to the room: it waits, until it has waited ~3 s in all.
+    going = eviction_s(ROOM, paused(NOW + 2), "c", 4_000, NOW, fraction=0.9, cost=SLOW)
+    at = early_at(
+        ROOM, paused(NOW + 2), "c", 4_000, NOW, fraction=0.9, cost=SLOW, running=0,
+        deadline=NOW + 30, waited_s=1.0,
+    )  # fmt: skip
+    assert at == pytest.approx(NOW + going - 1.0)
+    assert not early(paused(until_b=NOW + 2), cost=SLOW, waited_s=going - 0.1)
+    assert early(paused(until_b=NOW + 2), cost=SLOW, waited_s=going)
+
+
 def test_room_only_past_the_deadline_goes_now_and_running_members_are_never_evicted():
     # The wait would end in the timeout revoking the same paused sessions: go now.
     assert early(paused(until_b=NOW + 2), cost=SLOW, deadline=NOW + 1)
@@ -385,6 +398,33 @@ def test_switched_off_the_same_waiter_waits_for_room_as_before():
     assert not verdict.admit and verdict.reason == "waiting"
     assert verdict.retry_at == pytest.approx(1.0 + PAUSE_SLACK * 5.0)  # "a"'s release
     assert admission.holds("t", "a", "r1", 2.1)
+
+
+def test_members_that_keep_coming_back_hold_a_waiter_no_longer_than_going_costs():
+    # "a" and "b" pause 0.2 s and come back within their reservations, again and again:
+    # the room is always a moment away and never comes. "c" goes, priced, once it has
+    # waited what evicting "a"'s tail costs, and is asked again at that moment.
+    admission = seam(work_conserving=True, max_wait_s=30.0, cost=SLOW)
+    for session, start in (("a", 0.0), ("b", 0.1), ("a", 0.7), ("b", 0.8)):
+        go(admission, session, start)
+        admission.ended("t", session, "r1", start + 0.2)
+    going = SLOW.restore_s(3_000)
+    first = admission.decide(ask("c", 1.05))
+    assert not first.admit and first.retry_at < 1.05 + going
+    t, turn, verdicts = 1.1, 0, []
+    while t < 1.05 + going + 0.5:
+        session = "ab"[turn % 2]
+        go(admission, session, t)
+        admission.ended("t", session, "r1", t + 0.05)
+        verdict = admission.decide(ask("c", t + 0.06, waited_s=t + 0.06 - 1.05))
+        verdicts.append((t + 0.06 - 1.05, verdict))
+        if verdict.admit:
+            break
+        t, turn = t + 0.1, turn + 1
+    waited, last = verdicts[-1]
+    assert last.admit and last.reason == "priced"
+    assert going <= waited < going + 0.1
+    assert all(v.reason == "waiting" for _, v in verdicts[:-1])
 
 
 def test_a_priced_admission_keeps_first_come_first_served():
