@@ -33,6 +33,13 @@ from router.cost import CostModel
 # The reservation covers the session's longest recent pause times this: a pause a little
 # longer than the ones seen still finds its prefix.
 PAUSE_SLACK = 1.5
+# And at least this much beyond it: a pause is measured at the gateway (a reply's end to
+# the next request), so it carries the harness's turnaround and the event loop's delays on
+# a loaded node, tens to hundreds of milliseconds either way; for a quick pause (a harness
+# that sends its next step at once) the slack alone is less than that jitter, and the
+# session falls out of the set a moment before it returns. Holding a footprint a second
+# longer costs a waiter at most that second (the ski rental bounds the rest).
+PAUSE_JITTER_S = 1.0
 # Pauses a session's history keeps (the most recent).
 PAUSES_KEPT = 8
 
@@ -316,9 +323,10 @@ def expected_pause_s(pauses: Sequence[float], prior_s: float) -> float:
 
 def reservation_s(expected_pause: float, tokens: int, cost: CostModel, max_s: float) -> float:
     """How long a session's footprint stays reserved after its request: its expected pause
-    with slack, at most ``max_s``; 0 when bringing it back after an eviction (re-prefill
-    or, with an offload tier, reload: ``CostModel.restore_s``) costs no more than one
-    engine step beyond the step its next request runs in anyway."""
+    with slack (``PAUSE_SLACK``, at least ``PAUSE_JITTER_S``), at most ``max_s``; 0 when
+    bringing it back after an eviction (re-prefill or, with an offload tier, reload:
+    ``CostModel.restore_s``) costs no more than one engine step beyond the step its next
+    request runs in anyway."""
     if cost.restore_s(tokens) <= 2 * cost.per_step_s:
         return 0.0
-    return min(max_s, PAUSE_SLACK * expected_pause)
+    return min(max_s, max(PAUSE_SLACK * expected_pause, expected_pause + PAUSE_JITTER_S))

@@ -14,6 +14,7 @@ from router.cost import CostModel, get_preset
 from router.inputs import Candidate
 from router.metrics import parse_vllm_metrics
 from router.working_set import (
+    PAUSE_JITTER_S,
     PAUSE_SLACK,
     Headroom,
     Member,
@@ -119,6 +120,14 @@ def test_a_reservation_covers_the_pause_when_the_re_prefill_costs_more_than_a_st
     assert reservation_s(1_000.0, 30_000, cost, max_s=120.0) == 120.0
     # 16 tokens re-prefill in less than one engine step: not worth holding the pool for.
     assert reservation_s(10.0, 16, cost, max_s=120.0) == 0.0
+
+
+def test_a_quick_pause_is_held_a_moment_past_its_jitter():
+    # 0.1 s pauses: 1.5x would end the reservation 50 ms after the pause, within the
+    # gateway's own measuring jitter; it lasts the pause and PAUSE_JITTER_S.
+    cost = get_preset("h200-qwen3.6-27b")
+    assert reservation_s(0.1, 30_000, cost, max_s=120.0) == pytest.approx(0.1 + PAUSE_JITTER_S)
+    assert reservation_s(0.1, 30_000, cost, max_s=0.5) == 0.5
 
 
 def test_an_offload_tier_prices_a_reload_against_a_recompute():
