@@ -240,6 +240,7 @@ def early_at(
     deadline: float,
     waited_s: float = 0.0,
     headroom: Headroom | None = None,
+    own_tokens: int = 0,
 ) -> float | None:
     """When a request that does not fit beside the set (``admits`` said no) and is first
     in its replica's queue goes anyway, if nothing changes meanwhile: ``now`` when its wait
@@ -255,6 +256,14 @@ def early_at(
     (``room_at``), counted from the soonest it can come: the paused members coming back
     within their reservations (what reservations are sized for) only makes the wait
     longer, so going is never a loss when it wins against this lower bound.
+
+    Waiting also costs the request its own prefix, ``own_tokens`` of it left on the
+    replica by its last request: outside the set its blocks are free-but-cached, freed
+    before the paused members' (its reservation ended first), so they are the first a
+    member's growing prompt evicts, and it re-prefills them when it goes. Going now keeps
+    them (its prefill hits them first). A returning session therefore goes where evicting
+    the members' tails costs no more than losing its own; a cold newcomer (none left)
+    waits, as the working set is for.
 
     That bound is all that is known of the wait, and members that keep coming back within
     their reservations push the room out again and again (a set of cycling sessions holds
@@ -277,6 +286,7 @@ def early_at(
         return now
     going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
     going += running * cost.prefill_s(tokens)
+    going -= cost.restore_s(min(own_tokens, tokens))
     if going < at - now:
         return now
     return now + max(0.0, going - waited_s)
@@ -295,11 +305,12 @@ def admits_early(
     deadline: float,
     waited_s: float = 0.0,
     headroom: Headroom | None = None,
+    own_tokens: int = 0,
 ) -> bool:
     """Whether the first waiter goes now (``early_at`` says now)."""
     at = early_at(
         room, members, session, tokens, now, fraction=fraction, cost=cost, running=running,
-        deadline=deadline, waited_s=waited_s, headroom=headroom,
+        deadline=deadline, waited_s=waited_s, headroom=headroom, own_tokens=own_tokens,
     )  # fmt: skip
     return at is not None and at <= now
 

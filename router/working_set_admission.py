@@ -65,11 +65,17 @@ Key = tuple[str, str]  # (tenant, session)
 
 @dataclass(slots=True)
 class _History:
-    """A session's recent pauses, and its last prompt's size (what its next one grows from)."""
+    """A session's recent pauses, its last prompt's size (what its next one grows from)
+    and the replica that prompt ran on (where its prefix was left)."""
 
     last_end: float | None = None
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=PAUSES_KEPT))
     prompt_tokens: int = 0
+    replica: str | None = None
+
+    def left_on(self, url: str) -> int:
+        """The tokens of its prefix it left on ``url`` (0 where it ran elsewhere)."""
+        return self.prompt_tokens if self.replica == url else 0
 
     def growth(self, prompt_tokens: int) -> int:
         """What a prompt of ``prompt_tokens`` adds to the last one (0 for a first)."""
@@ -198,7 +204,7 @@ class WorkingSetAdmission:
         old = members.get(key)
         history = self._history_of(key)
         growth = history.growth(request.prompt_tokens)
-        history.prompt_tokens = request.prompt_tokens
+        history.prompt_tokens, history.replica = request.prompt_tokens, request.replica
         # Its tokens: this prompt (the session's prefix grows); its reservation is over, it
         # is back (the next reply's end sets the next one).
         running = (old.running if old else 0) + 1
@@ -256,11 +262,12 @@ class WorkingSetAdmission:
         if candidate is not None:
             counted += [candidate.running + candidate.waiting, candidate.in_flight]
         deadline = request.now + self.max_wait_s - request.waited_s
+        key = (request.tenant, request.session)
         return early_at(
-            room, members, (request.tenant, request.session), request.prompt_tokens,
-            request.now, fraction=self.fraction, cost=self.cost,
-            running=math.ceil(max(counted)), deadline=deadline, waited_s=request.waited_s,
-            headroom=headroom,
+            room, members, key, request.prompt_tokens, request.now, fraction=self.fraction,
+            cost=self.cost, running=math.ceil(max(counted)), deadline=deadline,
+            waited_s=request.waited_s, headroom=headroom,
+            own_tokens=self._history_of(key).left_on(request.replica),
         )  # fmt: skip
 
     def _headroom(self, key: Key, prompt_tokens: int) -> Headroom | None:
