@@ -261,9 +261,9 @@ def early_at(
     replica by its last request: outside the set its blocks are free-but-cached, freed
     before the paused members' (its reservation ended first), so they are the first a
     member's growing prompt evicts, and it re-prefills them when it goes. Going now keeps
-    them (its prefill hits them first). A returning session therefore goes where evicting
-    the members' tails costs no more than losing its own; a cold newcomer (none left)
-    waits, as the working set is for.
+    them (its prefill hits them, and only the rest slows what runs). A returning session
+    therefore goes where evicting the members' tails costs no more than losing its own; a
+    cold newcomer (none left) waits, as the working set is for.
 
     That bound is all that is known of the wait, and members that keep coming back within
     their reservations push the room out again and again (a set of cycling sessions holds
@@ -285,8 +285,9 @@ def early_at(
     if at >= deadline:
         return now
     going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
-    going += running * cost.prefill_s(tokens)
-    going -= cost.restore_s(min(own_tokens, tokens))
+    own = min(own_tokens, tokens)
+    going += running * cost.prefill_s(tokens - own)  # its own prefix hits: not prefilled
+    going -= cost.restore_s(own)
     if going < at - now:
         return now
     return now + max(0.0, going - waited_s)

@@ -373,6 +373,20 @@ def test_a_waiter_goes_once_it_has_waited_as_long_as_going_costs():
     assert early(paused(until_b=NOW + 2), cost=SLOW, waited_s=going)
 
 
+def test_a_returning_waiter_goes_where_it_would_lose_more_of_its_own_prefix_than_it_evicts():
+    # ~3 s of the members' restores against 2 s to the room: a newcomer waits; one whose
+    # last 4,000 tokens are still on the replica would lose them waiting (~4 s): it goes.
+    def goes(own_tokens: int) -> bool:
+        return admits_early(
+            ROOM, paused(NOW + 2), "c", 4_000, NOW, fraction=0.9, cost=SLOW, running=0,
+            deadline=NOW + 30, own_tokens=own_tokens,
+        )  # fmt: skip
+
+    assert not goes(0)
+    assert goes(4_000)
+    assert not goes(500)  # ~0.5 s of its own against ~3 s of theirs, 2 s to wait
+
+
 def test_room_only_past_the_deadline_goes_now_and_running_members_are_never_evicted():
     # The wait would end in the timeout revoking the same paused sessions: go now.
     assert early(paused(until_b=NOW + 2), cost=SLOW, deadline=NOW + 1)
@@ -434,6 +448,19 @@ def test_members_that_keep_coming_back_hold_a_waiter_no_longer_than_going_costs(
     assert last.admit and last.reason == "priced"
     assert going <= waited < going + 0.1
     assert all(v.reason == "waiting" for _, v in verdicts[:-1])
+
+
+def test_the_seam_counts_what_a_returning_session_left_on_its_replica():
+    admission = seam(work_conserving=True, max_wait_s=20.0, cost=SLOW)
+    go(admission, "c", 0.0, tokens=3_000)  # "c" ran on r1 and left 3,000 there ...
+    admission.ended("t", "c", "r1", 0.2, served=False)  # ... and holds no share now
+    two_paused(admission)
+    # Both evicted for 8,000 (~7.1 s) against 6 s to the room at 9.0: a newcomer "d"
+    # waits; "c", whose 3,000 waiting would cost it ~3 s more, goes.
+    assert not admission.decide(ask("d", 3.0, tokens=8_000)).admit
+    admission.withdrawn("t", "d")
+    verdict = admission.decide(ask("c", 3.0, tokens=8_000))
+    assert verdict.admit and verdict.reason == "priced"
 
 
 def test_a_priced_admission_keeps_first_come_first_served():
