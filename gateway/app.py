@@ -132,6 +132,7 @@ class DialectRoute:
             "x-foldgate-prompt-tokens-raw": str(reply.raw_tokens),
             "x-foldgate-prompt-tokens-rendered": str(reply.rendered_tokens),
             "x-foldgate-admission-wait": f"{reply.admission_wait_s:.3f}",
+            "x-foldgate-admission": reply.admission,
         }
         if reply.frames is not None:
             release = BackgroundTask(reply.release) if reply.release else None

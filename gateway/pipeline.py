@@ -132,7 +132,7 @@ class Pipeline:
             exchange = Exchange(body, remember=kept, context_edits=started.rendering.applied_edits)
             answer = await reply(
                 dialect, request, ingested, started.opened, chunks, exchange, lease,
-                started.kv.wait_s,
+                started.kv.wait_s, started.kv.admission,
             )  # fmt: skip
             if answer.frames is not None:
                 lease = None  # the stream gives it back

@@ -60,6 +60,7 @@ STRATEGY_HEADER = "x-foldgate-strategy"
 RAW_TOKENS_HEADER = "x-foldgate-prompt-tokens-raw"
 RENDERED_TOKENS_HEADER = "x-foldgate-prompt-tokens-rendered"
 ADMISSION_WAIT_HEADER = "x-foldgate-admission-wait"
+ADMISSION_HEADER = "x-foldgate-admission"
 REPLICA_HEADER = "x-foldgate-replica"
 
 
@@ -341,6 +342,7 @@ class AgentSession(FastHttpUser):
                 "raw_prompt_tokens": raw,
                 "rendered_prompt_tokens": rendered,
                 "admission_wait_s": admission_wait,
+                "admission": resp_headers.get(ADMISSION_HEADER),
                 "replica": resp_headers.get(REPLICA_HEADER),
             },
         )

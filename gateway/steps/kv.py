@@ -51,6 +51,12 @@ class Placement:
     def wait_s(self) -> float:
         return self.ticket.wait_s if self.ticket is not None else 0.0
 
+    @property
+    def admission(self) -> str:
+        """How working-set admission let the request go (``Ticket.outcome``); ``off``
+        without admission."""
+        return self.ticket.outcome if self.ticket is not None else "off"
+
 
 def first_token(
     usage: Sequence[Mapping[str, Any]], first_chunk_s: float | None

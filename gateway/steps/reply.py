@@ -25,14 +25,15 @@ from gateway.upstream import UpstreamError
 @dataclass(frozen=True, slots=True)
 class Reply:
     """What the client gets: its session, the replica that served it, the prompt's token
-    estimates (as sent and as rendered), the seconds it waited for working-set admission,
-    and the reply, whole or as frames."""
+    estimates (as sent and as rendered), the seconds it waited for working-set admission
+    and how admission let it go, and the reply, whole or as frames."""
 
     session: str
     replica: str
     raw_tokens: int
     rendered_tokens: int
     admission_wait_s: float
+    admission: str
     body: dict[str, Any] | None = None
     frames: AsyncIterator[bytes] | None = None
     release: Callable[[], Awaitable[None]] | None = None
@@ -47,11 +48,12 @@ async def reply(
     exchange: Exchange,
     lease: Lease,
     admission_wait_s: float = 0.0,
+    admission: str = "off",
 ) -> Reply:
     """The reply; a streamed one takes ``lease`` with it."""
     head = (
         ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens,
-        admission_wait_s,
+        admission_wait_s, admission,
     )  # fmt: skip
     if ingested.stream:
         frames = released(dialect.stream(broken_off_named(chunks), exchange), lease)

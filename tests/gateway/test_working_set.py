@@ -66,13 +66,16 @@ def body(session: int, step: int) -> dict:
     return {"model": "m", "messages": messages, "max_tokens": 8, "stream": False}
 
 
+OUTCOMES: list[str] = []  # the x-foldgate-admission header of every reply ``drive`` got
+
+
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def drive(url: str, run: str, session: int, think_s: float) -> list[float]:
     """One agent session: STEPS requests with a think time between; the admission wait
-    each reply's header reports."""
+    each reply's header reports (and, in ``OUTCOMES``, how it went)."""
     waits = []
     async with httpx.AsyncClient(timeout=60) as http:
         for step in range(STEPS):
@@ -83,6 +86,7 @@ async def drive(url: str, run: str, session: int, think_s: float) -> list[float]
             )
             assert resp.status_code == 200, resp.text
             waits.append(float(resp.headers["x-foldgate-admission-wait"]))
+            OUTCOMES.append(resp.headers["x-foldgate-admission"])
             await asyncio.sleep(think_s)  # the agent's tool call (simulated pause)
     return waits
 
@@ -121,6 +125,7 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
     before = {o: sample("foldgate_admission_wait_seconds_count", outcome=o) for o in
               ("admitted", "waited", "priced", "timed_out")}  # fmt: skip
     reply = ScriptedReply(content="ok", first_chunk_delay_s=0.3)
+    OUTCOMES.clear()
     async with LoopLag() as lag:
         told, logs, bodies = await run(kv_config(redis_url), reply, think_s=0.2)
     # Every session completed every step, each on the one replica admission placed it on
@@ -139,6 +144,8 @@ async def test_more_sessions_than_fit_all_complete_with_the_wait_bounded(redis_u
         o: sample("foldgate_admission_wait_seconds_count", outcome=o) - before[o] for o in before
     }
     assert sum(counted.values()) == SESSIONS * STEPS
+    # Each reply names how it went, as the metric counts it.
+    assert {o: OUTCOMES.count(o) for o in before} == counted
     # Some went only after a wait, or before room came because waiting cost more (priced).
     assert counted["waited"] + counted["timed_out"] + counted["priced"] > 0
     # Priority: a session's first request is a cold start (1), a continuing one on the
@@ -172,7 +179,9 @@ async def test_switched_off_the_upstream_requests_and_logs_are_todays(redis_url)
         upstream_priority=False,
         kv_events=False,
     )
+    OUTCOMES.clear()
     told, logs, bodies = await run(default, reply, think_s=0.0)
+    assert set(OUTCOMES) == {"off"}
     _, _, bodies_off = await run(off, reply, think_s=0.0)
     assert not any("priority" in b or "session_id" in b for b in bodies)
     assert {(r["admission_wait_s"], r["priority"]) for log in logs for r in log} == {(0.0, 0)}
