@@ -147,9 +147,9 @@ class GatewayConfig:
     """With ``admission``: the first waiter for a replica goes before room comes when waiting
     would cost more than going, priced by ``cost_model``: the restores of the paused
     sessions it evicts, and its prefill's slowdown of the replica's running requests,
-    against the soonest room can come (``router.working_set.admits_early``), or once it
-    has waited as long as going costs (``router.working_set.early_at``: members that keep
-    coming back within their reservations hold it no longer); a replica whose members are
+    against the soonest room can come, or once it has waited as long as going costs
+    (``router.working_set.early_at``: members that keep coming back within their
+    reservations hold it no longer); a replica whose members are
     all in their pauses then serves its waiters instead of idling. Off: a waiter waits for
     room or the bound."""
     admission_price_fit: bool = False

@@ -219,7 +219,7 @@ PRESETS: dict[str, CostModel] = {
 # a 3k-token re-prefill at ~1 s of client TTFT and a 6k one at 4-6 s (per_request_s
 # 0.225 s of it), 0.26 and 0.8 ms per uncached token; the middle of the two, against
 # cpu-tiny's 24 us (42 us measured on an idle replica, 2026-12-01). What admission prices
-# a restore with there (router.working_set.admits_early).
+# a restore with there (router.working_set.early_at).
 PRESETS["cpu-tiny-loaded"] = replace(
     PRESETS["cpu-tiny"], name="cpu-tiny-loaded", per_prefill_token_s=5e-4
 )

@@ -15,11 +15,11 @@ session's own pauses say it will be gone, when bringing it back would cost more 
 engine step (``reservation_s``); a session idle past its reservation leaves the set.
 
 Waiting is not free, though: while a replica's other sessions wait, its own members may all
-be in their pauses and its engine idle. ``admits_early`` lets the first waiter go when the
+be in their pauses and its engine idle. ``early_at`` lets the first waiter go when the
 wait costs more than what admitting it costs (``CostModel``: the paused members' restores,
 the running requests' slowdown), so the controller never idles an engine to save less than
-the wait, and once it has waited that long (``early_at``: a ski rental's rule, since how
-long the wait runs is not known).
+the wait, and once it has waited that long (a ski rental's rule, since how long the wait
+runs is not known).
 """
 
 from __future__ import annotations
@@ -291,29 +291,6 @@ def early_at(
     if going < at - now:
         return now
     return now + max(0.0, going - waited_s)
-
-
-def admits_early(
-    room: Room,
-    members: Mapping[Hashable, Member],
-    session: Hashable,
-    tokens: int,
-    now: float,
-    *,
-    fraction: float,
-    cost: CostModel,
-    running: int,
-    deadline: float,
-    waited_s: float = 0.0,
-    headroom: Headroom | None = None,
-    own_tokens: int = 0,
-) -> bool:
-    """Whether the first waiter goes now (``early_at`` says now)."""
-    at = early_at(
-        room, members, session, tokens, now, fraction=fraction, cost=cost, running=running,
-        deadline=deadline, waited_s=waited_s, headroom=headroom, own_tokens=own_tokens,
-    )  # fmt: skip
-    return at is not None and at <= now
 
 
 def next_release(members: Mapping[Hashable, Member], now: float) -> float | None:

@@ -14,9 +14,9 @@ waited ``admission_max_wait_s`` goes anyway (``timed_out``): nobody starves. A r
 that goes without room (that one, or a member's whose prefix grew past it) takes the
 reservations of the paused sessions whose blocks vLLM will evict for it (``revoked``), so
 the set never counts more than the pool holds. With ``work_conserving`` the first waiter
-also goes before that, when its wait costs more than going (``admits_early``: the replica
+also goes before that, when its wait costs more than going (``early_at``: the replica
 idling through its members' pauses, their restores cheap), or once it has waited as long as
-going costs (``early_at``): reason ``priced``. With
+going costs: reason ``priced``. With
 ``price_fit`` restores and prefills are priced at what the replies' first tokens say an
 uncached token costs now (``router.prefill_price``), not the cost model's fixed figure.
 With ``growth_steps`` a session entering the set leaves room for that many steps of the

@@ -20,7 +20,6 @@ from router.working_set import (
     Member,
     Room,
     admits,
-    admits_early,
     early_at,
     eviction_s,
     expected_pause_s,
@@ -300,7 +299,7 @@ def test_the_seams_pool_comes_from_the_candidates_scrape_then_the_cost_model():
     assert admission.room(None) == Room(get_preset("cpu-tiny").kv_pool_tokens, 0)
 
 
-# -- priced early admission (router.working_set.admits_early): a waiter goes before room
+# -- priced early admission (router.working_set.early_at): a waiter goes before room
 # comes when its wait costs more than the restores going forces and the slowdown of what
 # runs. cpu-tiny restores 3,000 tokens in ~0.1 s; SLOW (the loaded 2-core machine's ~1 ms
 # per prefill token) in ~3 s.
@@ -318,10 +317,11 @@ def paused(until_b: float = NOW + 6) -> dict[str, Member]:
 
 
 def early(members, tokens=4_000, cost=TINY, running=0, deadline=NOW + 30, waited_s=0.0) -> bool:
-    return admits_early(
+    at = early_at(
         ROOM, members, "c", tokens, NOW, fraction=0.9, cost=cost, running=running,
         deadline=deadline, waited_s=waited_s,
     )  # fmt: skip
+    return at is not None and at <= NOW
 
 
 def test_room_comes_when_enough_reservations_end_and_never_past_the_running_ones():
@@ -377,10 +377,11 @@ def test_a_returning_waiter_goes_where_it_would_lose_more_of_its_own_prefix_than
     # ~3 s of the members' restores against 2 s to the room: a newcomer waits; one whose
     # last 4,000 tokens are still on the replica would lose them waiting (~4 s): it goes.
     def goes(own_tokens: int) -> bool:
-        return admits_early(
+        at = early_at(
             ROOM, paused(NOW + 2), "c", 4_000, NOW, fraction=0.9, cost=SLOW, running=0,
             deadline=NOW + 30, own_tokens=own_tokens,
         )  # fmt: skip
+        return at is not None and at <= NOW
 
     assert not goes(0)
     assert goes(4_000)
