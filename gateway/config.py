@@ -165,6 +165,11 @@ class GatewayConfig:
     grew by at its last step) and its own; 0: room for today's prompts only. A set filled
     to the pool overflows at its members' next steps and revokes the paused, who then
     re-prefill their whole prefix (``router.working_set.Headroom``)."""
+    admission_trace: str = ""
+    """With ``admission``: a file (relative: under ``$FOLDGATE_HOME``, else ``~/.foldgate``)
+    each admission event is appended to as a JSON line, with the state its decision read
+    (members, queue, room: ``gateway.steps.admission_trace``), to find out why a request
+    waited; empty: none. For debugging: a line per decision."""
     admission_kv_fraction: float = 0.9
     """Share of a replica's KV pool the working set may fill (the rest absorbs decode
     growth and the estimates' error)."""

@@ -153,6 +153,19 @@ class WorkingSetAdmission:
             return 0, -len(holding)
         return room.pool_tokens - occupied_tokens(room, holding, now), -len(holding)
 
+    def describe(self, url: str, now: float) -> dict[str, object]:
+        """The replica's state as a decision there reads it, for a trace: its members
+        (tokens, running requests, seconds left of their reservations), its queue in order
+        (each waiter's seconds waited) and the sessions waiting by room."""
+        members = {
+            "/".join(k): [m.tokens, m.running, round(max(0.0, m.reserved_until - now), 3)]
+            for k, m in self.members.get(url, {}).items()
+            if m.holds(now)
+        }
+        queue = [["/".join(k), round(now - since, 3)] for since, _, k in self._queues.get(url, [])]
+        roaming = sorted("/".join(k) for k in self._roaming)
+        return {"members": members, "queue": queue, "roaming": roaming}
+
     def holds(self, tenant: str, session: str, replica: str, now: float) -> bool:
         """Whether the session is in the replica's working set."""
         member = self.members.get(replica, {}).get((tenant, session))

@@ -5,7 +5,7 @@ from store.assignments import Assign, Assignments
 from store.errors import NotFound, SessionTooLarge, StoreError, StoreUnavailable
 from store.histories import Histories, IngestResult, Lookup, SessionPage, StoredHistory
 from store.ledger import Charge, HeldLease, LeaseClaim, Ledger, Refusal
-from store.registry import default_sqlite_path, open_store
+from store.registry import default_sqlite_path, foldgate_home, open_store
 from store.replies import KeptReplies
 from store.session_store import SessionStore
 
@@ -29,5 +29,6 @@ __all__ = [
     "StoreUnavailable",
     "StoredHistory",
     "default_sqlite_path",
+    "foldgate_home",
     "open_store",
 ]

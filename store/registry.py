@@ -21,10 +21,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def default_sqlite_path() -> Path:
-    """``$FOLDGATE_HOME/store.db``, else ``~/.foldgate/store.db``."""
+def foldgate_home() -> Path:
+    """Where foldgate keeps its files: ``$FOLDGATE_HOME``, else ``~/.foldgate``."""
     home = os.environ.get("FOLDGATE_HOME")
-    return (Path(home) if home else Path.home() / ".foldgate") / "store.db"
+    return Path(home) if home else Path.home() / ".foldgate"
+
+
+def default_sqlite_path() -> Path:
+    """``store.db`` in ``foldgate_home()``."""
+    return foldgate_home() / "store.db"
 
 
 def open_store(url: str | None = None, **options: Any) -> SessionStore:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import GatewayConfig
+from gateway.steps.admission_trace import AdmissionTrace, trace_path
 from gateway.steps.ingest import Ingested
 from gateway.steps.priority import set_priority, tenant_base, upstream_priority
 from gateway.steps.route import LAST_PROMPT
@@ -110,7 +111,10 @@ class KvControl:
                 price_fit=config.admission_price_fit,
                 growth_steps=config.admission_growth_steps,
             )
-            self.gate = WorkingSetGate(admission, pool)
+            trace = None
+            if config.admission_trace:
+                trace = AdmissionTrace(trace_path(config.admission_trace), admission)
+            self.gate = WorkingSetGate(admission, pool, trace=trace)
         self.events = KvEventSubscriber(config.kv_events_port_offset) if config.kv_events else None
 
     def resident(self, ingested: Ingested, key: str) -> dict[str, int] | None:
@@ -175,3 +179,5 @@ class KvControl:
     async def close(self) -> None:
         if self.events is not None:
             await self.events.close()
+        if self.gate is not None and self.gate.trace is not None:
+            self.gate.trace.close()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway import metrics
+from gateway.steps.admission_trace import AdmissionTrace
 from router import ReplicaPool
 from router.admission_seam import (
     AdmissionRequest,
@@ -70,10 +71,12 @@ class WorkingSetGate:
         admission: WorkingSetAdmission,
         pool: ReplicaPool,
         clock: Callable[[], float] = time.monotonic,
+        trace: AdmissionTrace | None = None,
     ) -> None:
         self.admission = admission
         self.pool = pool
         self.clock = clock
+        self.trace = trace
         self._waiters: dict[tuple[str, str], list[_Waiter]] = {}  # a session's, in order
 
     def holds(self, tenant: str, session: str, replica: str) -> bool:
@@ -96,7 +99,7 @@ class WorkingSetGate:
         request = self._request(tenant, session, replica, tokens, start)
         if request is None:
             return Ticket(None)
-        verdict = self.admission.decide(request)
+        verdict = self._decide(request, "arrived")
         if verdict.admit:
             self.admission.started(request)
             self._notify()
@@ -122,34 +125,31 @@ class WorkingSetGate:
                 try:
                     await asyncio.wait_for(waiter.changed.wait(), timeout)
                 except TimeoutError:  # a reservation ended, or the deadline came
-                    if self._ask(waiter):
+                    if self._ask(waiter, "timer"):
                         self._notify()
             return waiter.done
         except BaseException:  # the client went away while it waited
             if waiter.done is None:
                 self._drop(waiter)
-                self.admission.withdrawn(waiter.tenant, waiter.session)
+                self._withdrawn(waiter.tenant, waiter.session, "client gone")
             elif waiter.done[0] is not None:  # admitted meanwhile, never sent
-                request = waiter.done[0]
-                self.admission.ended(
-                    request.tenant, request.session, request.replica, self.clock(), served=False
-                )
+                self._ended(waiter.done[0], served=False)
             self._notify()
             raise
         finally:
             metrics.ADMISSION_WAITING.dec()
 
-    def _ask(self, waiter: _Waiter) -> bool:
+    def _ask(self, waiter: _Waiter, because: str) -> bool:
         """Ask again for a waiting request: admitted (its share starts) or no replica
         routable, its wait is over (True); refused, its timer moves to the new verdict's."""
         request = self._request(
             waiter.tenant, waiter.session, waiter.replica, waiter.tokens, waiter.start
         )
         if request is None:
-            self.admission.withdrawn(waiter.tenant, waiter.session)
+            self._withdrawn(waiter.tenant, waiter.session, "no replica routable")
             waiter.done = (None, AdmissionVerdict(True))
         else:
-            verdict = self.admission.decide(request)
+            verdict = self._decide(request, because)
             if not verdict.admit:
                 waiter.retry_at = _retry_at(verdict, request.now)
                 waiter.changed.set()
@@ -173,10 +173,10 @@ class WorkingSetGate:
         the first, the session is a member: any other of its requests goes too)."""
         waiters = self._waiters.get(key)
         if not waiters:  # nobody waits for this entry any more
-            self.admission.withdrawn(*key)
+            self._withdrawn(*key, "no request waits")
             return
         for waiter in list(waiters):
-            if not self._ask(waiter):
+            if not self._ask(waiter, "changed"):
                 return
 
     def started(self, ticket: Ticket, url: str) -> None:
@@ -186,6 +186,8 @@ class WorkingSetGate:
         if request is None or request.replica == url:
             return
         ticket.request = relocate(self.admission, request, url, self.clock())
+        if self.trace is not None:
+            self.trace.write("moved", request.tenant, request.session, url, left=request.replica)
         self._notify()
 
     def finish(
@@ -198,16 +200,41 @@ class WorkingSetGate:
         if ticket.done or request is None:
             return
         ticket.done = True
-        self.admission.ended(
-            request.tenant,
-            request.session,
-            request.replica,
-            self.clock(),
-            served=served,
-            first_token=first_token,
-        )
+        self._ended(request, served=served, first_token=first_token)
         metrics.ADMISSION_PREFILL_PRICE.set(self.admission.cost.per_prefill_token_s)
         self._notify()
+
+    def _decide(self, request: AdmissionRequest, because: str) -> AdmissionVerdict:
+        verdict = self.admission.decide(request)
+        if self.trace is not None:
+            candidate = next((c for c in request.candidates if c.url == request.replica), None)
+            room = self.admission.room(candidate)
+            retry = verdict.retry_at
+            self.trace.write(
+                "decide", request.tenant, request.session, request.replica, because=because,
+                verdict=verdict.reason, tokens=request.prompt_tokens,
+                waited_s=round(request.waited_s, 3),
+                retry_in_s=None if retry is None else round(retry - request.now, 3),
+                room=None if room is None else [room.pool_tokens, room.used_tokens],
+            )  # fmt: skip
+        return verdict
+
+    def _ended(
+        self, request: AdmissionRequest, *, served: bool, first_token: FirstToken | None = None
+    ) -> None:
+        self.admission.ended(
+            request.tenant, request.session, request.replica, self.clock(),
+            served=served, first_token=first_token,
+        )  # fmt: skip
+        if self.trace is not None:
+            self.trace.write(
+                "ended", request.tenant, request.session, request.replica, served=served
+            )
+
+    def _withdrawn(self, tenant: str, session: str, why: str) -> None:
+        self.admission.withdrawn(tenant, session)
+        if self.trace is not None:
+            self.trace.write("withdrawn", tenant, session, None, why=why)
 
     def _notify(self) -> None:
         """The state changed: ask again for the waiters that may go now, as the admission
