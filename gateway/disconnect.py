@@ -21,7 +21,7 @@ from contextlib import suppress
 from types import TracebackType
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -89,13 +89,20 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 class EventStream(StreamingResponse):
     """A streamed reply that stops when its client leaves: the body iterator is cancelled
     (which closes the upstream), then the background task runs, as Starlette's
-    ``StreamingResponse`` does, with one watcher task instead of a task group."""
+    ``StreamingResponse`` does, with one watcher task instead of a task group. The
+    background runs however the client left (Starlette's own skips it when a send to a gone
+    client raises): it is what settles a reply whose stream never started."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         spec = tuple(map(int, scope.get("asgi", {}).get("spec_version", "2.0").split(".")))
         if scope["type"] != "http" or spec >= (2, 4):
             # ASGI 2.4 servers raise on a send to a gone client: no watcher needed.
-            await super().__call__(scope, receive, send)
+            try:
+                await super().__call__(scope, receive, send)
+            except ClientDisconnect:
+                if self.background is not None:
+                    await self.background()
+                raise
             return
         with suppress(ClientGone):
             async with OnDisconnect(receive):

@@ -132,7 +132,7 @@ class Pipeline:
             exchange = Exchange(body, remember=kept, context_edits=started.rendering.applied_edits)
             answer = await reply(
                 dialect, request, ingested, started.opened, chunks, exchange, lease,
-                started.kv.wait_s, started.kv.admission,
+                started.kv.wait_s, started.kv.admission, partial(self.unread, started),
             )  # fmt: skip
             if answer.frames is not None:
                 lease = None  # the stream gives it back
@@ -282,6 +282,15 @@ class Pipeline:
             self.store, self.quotas, ingested, stored, logged, outcome, request_id=request_id
         )
         in_background(self._accounting, work, request_id)
+
+    def unread(self, started: Started) -> None:
+        """A reply whose chunks (``replies``) were never read to their end, their own cleanup
+        not run (a client gone before the first frame): the upstream stream is closed, so
+        the replica stops generating, and the request's admission share ends, unserved.
+        Idempotent, and a no-op after ``replies`` ended (the stream released, the share
+        finished)."""
+        started.opened.stream.close()
+        self.kv.finish(started.kv, served=False)
 
     async def _ask_again(
         self, ingested: Ingested, stored: Stored, kv: Placement, restoring: Restoring

@@ -2,7 +2,9 @@
 
 A streamed reply gives the request's slot among the tenant's requests in flight back
 when the stream ends or is closed (``frames``), or, for a client gone before the first
-frame (the stream never starts), after the response (``release``).
+frame (the stream never starts), after the response (``release``), which then also settles
+the reply no one read (``unread``: the upstream closed, the admission share ended): an
+async generator never started runs none of its cleanup, its ``finally`` included.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from gateway.upstream import UpstreamError
 class Reply:
     """What the client gets: its session, the replica that served it, the prompt's token
     estimates (as sent and as rendered), the seconds it waited for working-set admission
-    and how admission let it go, and the reply, whole or as frames."""
+    and how admission let it go, and the reply, whole or as frames; ``release`` runs after
+    a streamed response, however it went."""
 
     session: str
     replica: str
@@ -49,16 +52,27 @@ async def reply(
     lease: Lease,
     admission_wait_s: float = 0.0,
     admission: str = "off",
+    unread: Callable[[], None] = lambda: None,
 ) -> Reply:
-    """The reply; a streamed one takes ``lease`` with it."""
+    """The reply; a streamed one takes ``lease`` with it. ``unread`` settles ``chunks`` if
+    they are never read (idempotent; a no-op once they were read to their end)."""
     head = (
         ingested.session, opened.replica.url, ingested.raw_tokens, opened.tokens,
         admission_wait_s, admission,
     )  # fmt: skip
     if ingested.stream:
         frames = released(dialect.stream(broken_off_named(chunks), exchange), lease)
-        return Reply(*head, frames=frames, release=lease.release)
-    body = await unless_disconnected(request, dialect.response(chunks, exchange))
+
+        async def after() -> None:
+            unread()
+            await lease.release()
+
+        return Reply(*head, frames=frames, release=after)
+    try:
+        body = await unless_disconnected(request, dialect.response(chunks, exchange))
+    except BaseException:
+        unread()
+        raise
     return Reply(*head, body=body)
 
 

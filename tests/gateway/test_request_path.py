@@ -5,6 +5,8 @@ away cancels the upstream request, streaming or not, before the first byte or du
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import ClientDisconnect
 
+from gateway.app import create_app
 from gateway.config import GatewayConfig
 from loadtests.fake_upstream import FakeUpstream, ScriptedReply
 from tests.gateway.conftest import running_gateway, store_at
@@ -248,5 +252,64 @@ async def test_a_client_gone_during_a_stream_cancels_the_upstream(tmp_path: Path
                 async for _ in resp.aiter_bytes():
                     break  # the first frame, then the client leaves
             assert await _aborted(fake), "the upstream request was not cancelled"
+    finally:
+        await fake.stop()
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_a_client_gone_before_the_first_frame_settles_the_reply(
+    spec: str, tmp_path: Path
+) -> None:
+    """The client leaves while the response's head is being sent, so the reply's stream
+    never starts (an async generator never started runs none of its cleanup): the
+    upstream is closed all the same, and the request's working-set share ends, so it
+    holds no room on its replica. On an ASGI 2.3 server the disconnect cancels the send;
+    on a 2.4 one the send raises."""
+    fake = await FakeUpstream([ScriptedReply(content="y" * 800, chunk_delay_s=0.05)]).start()
+    config = GatewayConfig(
+        store_url=f"sqlite:///{tmp_path}/store.db", replicas=(fake.url,), probe_interval_s=0.5,
+        admission=True, kv_pool_tokens=100_000,
+    )  # fmt: skip
+    app = create_app(config)
+    body = json.dumps(chat(1, stream=True)).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": spec},
+        "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5001),
+        "server": ("127.0.0.1", 80),
+        "headers": [
+            (b"host", b"gw"), (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()), (b"x-session-id", b"s"),
+        ],
+    }  # fmt: skip
+    gone = asyncio.Event()
+    sent: list[str] = []
+    pulls = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+    async def receive() -> dict[str, Any]:
+        message = next(pulls, None)
+        if message is not None:
+            return message
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        if message["type"] == "http.response.start":
+            gone.set()  # the client leaves as the head goes out
+            if spec == "2.4":
+                raise OSError("the client is gone")
+            await asyncio.Event().wait()  # its socket takes nothing: the watcher cancels
+
+    try:
+        async with app.router.lifespan_context(app):
+            with contextlib.suppress(ClientDisconnect):
+                await app(scope, receive, send)
+            assert sent == ["http.response.start"], "no frame reached the client"
+            assert await _aborted(fake), "the upstream request was not closed"
+            admission = app.state.pipeline.kv.gate.admission
+            shares = [m for members in admission.members.values() for m in members.values()]
+            assert fake.requests and not any(m.running for m in shares), shares
     finally:
         await fake.stop()
