@@ -58,6 +58,10 @@ def decide_folds(
     shown = list(accumulate(c.tokens, initial=0))
     first_shown = next((i for i, m in enumerate(c.out) if m.role != "system"), None)
     restore_joins = not c.restore_offered and bool(history.tools) and not c.text_mode
+    # Offering the restore tool prefills its schema (``restore_cost``); where it joins the
+    # schemas, every later request carries it too, which comes off the saving (``joined``).
+    restore_cost = 0 if c.restore_offered else restore_tool_tokens
+    joined = restore_tool_tokens if restore_joins else 0
     for j in range(len(candidates)):
         chosen = set(candidates[j:])
         runs = fold_runs(c.folded | chosen, candidates[j:])
@@ -68,13 +72,11 @@ def decide_folds(
             # The restore tool joins the schemas: all after them is prefilled again, and
             # every later request carries it.
             start = first_shown if first_shown is not None else start
-        restore_cost = 0 if c.restore_offered else restore_tool_tokens
         span = shown[now] - shown[start] if start < now else 0
         # Bounds before rendering anything: a changed output saves at most all its tokens
         # (its folded text costs at least none), so a suffix whose best case does not pay,
         # or does not beat the best so far, is passed over as its rendering would be.
-        net_most = sum(c.tokens[p] for p in positions) + stub_saved
-        net_most -= restore_tool_tokens if restore_joins else 0
+        net_most = sum(c.tokens[p] for p in positions) + stub_saved - joined
         reprefill_least = span - sum(c.tokens[p] for p in positions if start <= p < now)
         reprefill_least += restore_cost
         if not rewrite_pays(net_most, reprefill_least, c.requests, state.pressure) or (
@@ -94,7 +96,7 @@ def decide_folds(
         if any(_run_grows(c, tokens, run) for run in runs):
             continue  # a note longer than the outputs it stands for
         saved = sum(c.tokens[pos] - n for pos, n in tokens.items()) + stub_saved
-        net = saved - (restore_tool_tokens if restore_joins else 0)
+        net = saved - joined
         reprefill = span + restore_cost
         reprefill += sum(n - c.tokens[pos] for pos, n in tokens.items() if start <= pos < now)
         if not rewrite_pays(net, reprefill, c.requests, state.pressure):
