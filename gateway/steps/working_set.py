@@ -125,7 +125,10 @@ class WorkingSetGate:
                 try:
                     await asyncio.wait_for(waiter.changed.wait(), timeout)
                 except TimeoutError:  # a reservation ended, or the deadline came
-                    if self._ask(waiter, "timer"):
+                    # A wake may have let it go in the same turn of the loop as its timer
+                    # came due (wait_for then raises all the same): asked again, it would
+                    # start a second share that no reply ends, holding its room for good.
+                    if waiter.done is None and self._ask(waiter, "timer"):
                         self._notify()
             return waiter.done
         except BaseException:  # the client went away while it waited

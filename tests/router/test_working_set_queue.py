@@ -190,3 +190,37 @@ async def test_the_gateways_waiters_cost_a_few_asks_per_reply_end_not_one_each()
     assert not admission.waiting  # the cancelled ones withdrew
     # Each one that went asked again for the next of the queue (the last none): linear.
     assert admission.decisions - before == waiters - 2
+
+
+async def test_a_timer_due_as_a_wake_lets_the_waiter_go_starts_one_share(monkeypatch) -> None:
+    """The event loop may run a waiter's timer in the turn a wake admitted it:
+    ``wait_for`` raises TimeoutError though the event was set. That waiter must not be
+    asked again: admitted a second time, its share would count two requests and its reply
+    end only one, leaving it running on the replica for good (a pressure run's 30 s
+    waits: a replica idle while its queue waited for a room that share held)."""
+
+    async def timer_wins(awaitable, timeout):  # the race's worst case, every time
+        await awaitable
+        raise TimeoutError
+
+    monkeypatch.setattr("gateway.steps.working_set.asyncio.wait_for", timer_wins)
+    pool = ReplicaPool([URLS[0]])
+    for r in pool.replicas:
+        r.healthy = True
+        r.metrics = ReplicaMetrics(running=0, waiting=0, kv_cache_usage=0.0)
+    admission = WorkingSetAdmission(
+        get_preset("cpu-tiny"), max_wait_s=60.0, reserve=False, pool_tokens=POOL_TOKENS,
+        work_conserving=False,
+    )  # fmt: skip
+    clock = [100.0]
+    gate = WorkingSetGate(admission, pool, clock=lambda: clock[0])
+    member = await gate.admit("t", "a", URLS[0], 6_000)
+    waiter = asyncio.create_task(gate.admit("t", "b", URLS[0], 6_000))
+    while not admission.waiting:
+        await asyncio.sleep(0)
+    gate.finish(member, served=True)
+    ticket = await waiter
+    assert ticket.outcome == "waited"
+    assert admission.members[URLS[0]][("t", "b")].running == 1
+    gate.finish(ticket, served=True)
+    assert ("t", "b") not in admission.members[URLS[0]]  # no share left running
