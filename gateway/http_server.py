@@ -146,6 +146,39 @@ class HeaderPhase:
         return close
 
 
+class TurnWrites:
+    """A connection's transport whose writes made in one turn of the event loop go out as
+    one write, when the turn's ready callbacks have run (``call_soon``): a streamed reply's
+    status line, headers and the frames that were ready with them are one syscall instead
+    of one each (uvicorn writes every ASGI message at once: ~7 per short streamed reply,
+    each ~15 us of a loopback send). Nothing waits for a timer or a size; a frame that is
+    the only one ready goes out at the end of the turn it was written in. ``close`` writes
+    what is pending first. Everything else is the transport's own."""
+
+    __slots__ = ("_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
 def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpToolsProtocol]:
     """uvicorn's HTTP/1.1 protocol, closing connections whose headers do not arrive within
     ``header_timeout_s`` or that ``phase`` pushes out (while sending headers or idle)."""
@@ -154,7 +187,7 @@ def gateway_protocol(header_timeout_s: float, phase: HeaderPhase) -> type[HttpTo
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(TurnWrites(transport))  # type: ignore[arg-type]
             self._await_headers()
 
         def on_message_begin(self) -> None:
