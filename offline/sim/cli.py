@@ -34,6 +34,7 @@ from offline.sim.run_cells import run_cells
 from offline.sim.workload import SHARE_MODES, Workload, build_workload
 from router import COST_PRESETS, SIMULATED_POLICY_NAMES
 from router.cost import CostModel, get_preset
+from router.knobs import ADMISSION_MAX_WAIT_S
 from router.registry import ADMISSIONS
 
 
@@ -85,6 +86,21 @@ from router.registry import ADMISSIONS
     default=False,
     show_default=True,
     help="The gateway's kv_events: what each replica holds of a session, in its hints.",
+)
+@click.option(
+    "--admission-max-wait-s",
+    type=click.FloatRange(min=0),
+    default=ADMISSION_MAX_WAIT_S,
+    show_default=True,
+    help="With --admission: the longest a request waits at the gateway "
+    "(the gateway's admission_max_wait_s).",
+)
+@click.option(
+    "--pause-reservation/--no-pause-reservation",
+    default=True,
+    show_default=True,
+    help="With --admission: hold a paused session's footprint through its expected pause "
+    "(the gateway's pause_reservation).",
 )
 @click.option(
     "--strategy",
@@ -198,6 +214,8 @@ def simulate_command(
     admission: str,
     priority: bool,
     kv_events: bool,
+    admission_max_wait_s: float,
+    pause_reservation: bool,
     strategies: str,
     duration: float,
     warmup: float,
@@ -248,6 +266,7 @@ def simulate_command(
             replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think,
             think_sigma=think_sigma, seed=seed, admission=admission, priority=priority,
             kv_events=kv_events, sessions=sessions, shuffle=sessions is None,
+            admission_max_wait_s=admission_max_wait_s, pause_reservation=pause_reservation,
         )  # fmt: skip
         replay_config = ReplayConfig(
             strategies=comma_list(strategies), k=k, budget=budget, block_size=cost.block_size
@@ -278,6 +297,8 @@ def simulate_command(
         "admission": admission,
         "priority": priority,
         "kv events": kv_events,
+        "admission max wait (s)": admission_max_wait_s,
+        "pause reservation": pause_reservation,
         "trajectories": len(workload.trajectories),
         "tokenizer": workload.tokenizer,
         "shared in cache": share,

@@ -38,7 +38,7 @@ from offline.sim.routing import Routed, SimRouting
 from offline.sim.workload import SIM_TENANT, Workload
 from router import ReplicaMetrics, ReplicaPool, make_policy
 from router.cost import CostModel
-from router.knobs import Knobs
+from router.knobs import ADMISSION_MAX_WAIT_S, Knobs
 from router.policies import PrefixTreePolicy
 from router.registry import ADMISSIONS
 
@@ -78,6 +78,9 @@ class SimConfig:
     # The gateway's ``kv_events``: what each replica holds of a session's last prompt,
     # here exactly (the simulator knows its blocks), in the hints.
     kv_events: bool = False
+    # With ``admission``: the gateway's ``admission_max_wait_s`` and ``pause_reservation``.
+    admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
+    pause_reservation: bool = True
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -160,8 +163,13 @@ class _Cluster:
             **knobs,
         )
         # "off": the gateway asks nothing (no working-set step).
+        admission_knobs = Knobs(
+            **knobs,
+            admission_max_wait_s=config.admission_max_wait_s,
+            pause_reservation=config.pause_reservation,
+        )
         admission = (
-            None if config.admission == "off" else ADMISSIONS[config.admission](Knobs(**knobs))
+            None if config.admission == "off" else ADMISSIONS[config.admission](admission_knobs)
         )
         self.routing = SimRouting(
             self.policy, self.pool, self.assignments, admission, priority=config.priority

@@ -32,6 +32,7 @@ from offline.sim.workload import build_workload
 from router import make_policy
 from router.admission_seam import AdmissionRequest, AdmissionVerdict, AdmitAll
 from router.cost import CostModel
+from router.knobs import ADMISSION_MAX_WAIT_S
 from router.registry import ADMISSIONS
 
 
@@ -733,6 +734,31 @@ def test_peer_cells_are_read_in_foldgates_format_and_simulated_by_their_policy(
     assert read[0].number("vllm_prefix_hit_rate") == 0.8
     assert math.isnan(read[0].number("vllm_queue_time_mean_s"))
     assert math.isnan(read[0].number("ttft_p50_ms"))
+
+
+def test_the_simulators_admission_is_built_with_the_cells_wait_bound_and_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[Any] = []
+
+    def recording(knobs: Any) -> AdmitAll:
+        built.append(knobs)
+        return AdmitAll()
+
+    monkeypatch.setitem(ADMISSIONS, "recording", recording)
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    for wait_s, reserve in ((7.5, False), (30.0, True)):
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(), replicas=2,
+                           concurrency=2, sessions=2, think_s=0.0, warmup_s=0.0,
+                           admission="recording", admission_max_wait_s=wait_s,
+                           pause_reservation=reserve)  # fmt: skip
+        simulate(workload, config)
+        assert (built[-1].admission_max_wait_s, built[-1].pause_reservation) == (wait_s, reserve)
+    assert SimConfig("sticky", "base", cost()).admission_max_wait_s == ADMISSION_MAX_WAIT_S
 
 
 class OneAtATime:
