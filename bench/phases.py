@@ -171,7 +171,8 @@ def main() -> None:
     for label, spent in times.items():
         kept = spent[len(spent) // 4 :]
         if kept:
-            print(f"{label:44s} {len(kept):6d} {1000 * median(kept):10.3f} {1000 * mean(kept):9.3f}")
+            ms = 1000 * median(kept), 1000 * mean(kept)
+            print(f"{label:44s} {len(kept):6d} {ms[0]:10.3f} {ms[1]:9.3f}")
 
 
 if __name__ == "__main__":
