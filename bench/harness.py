@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -140,6 +141,13 @@ def gateway_env(mode: str, tmp: Path) -> dict[str, str]:
         "RAY_TMPDIR": str(ray_tmp),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
     }
+
+
+async def replay_session(http: aiohttp.ClientSession, url: str, bodies: Sequence[bytes]) -> None:
+    """``bodies`` posted to ``url`` one after another as one new session (a fresh id)."""
+    headers = {"content-type": "application/json", "x-session-id": str(uuid.uuid4())}
+    for body in bodies:
+        await post(http, url, body, headers)
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> float:

@@ -25,7 +25,6 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from statistics import mean, median
@@ -36,7 +35,7 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import post, process, wait_ready
+from bench.harness import gateway_argv, process, replay_session, wait_ready
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
 
@@ -131,7 +130,8 @@ async def run(kb: int, sessions: int, rounds: int) -> dict[str, list[float]]:
         tmp = Path(folder)
         out = tmp / "phases.json"
         fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
-        serve = ["--port", str(port), "--replica", upstream, "--store", f"sqlite:///{tmp}/s.db"]
+        # ``foldgate serve``'s arguments as the other benchmarks pass them.
+        serve = gateway_argv("uvicorn", port, upstream, f"sqlite:///{tmp}/s.db")[2:]
         argv = [sys.executable, __file__, "--serve-timed", *serve]
         with (
             process(fake_argv, tmp / "fake.log") as fake,
@@ -140,11 +140,7 @@ async def run(kb: int, sessions: int, rounds: int) -> dict[str, list[float]]:
             await wait_ready(f"{upstream}/health", fake, tmp / "fake.log")
             await wait_ready(f"http://127.0.0.1:{port}/health", gateway, tmp / "gateway.log")
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-
-            async def one(http: aiohttp.ClientSession) -> None:
-                headers = {"content-type": "application/json", "x-session-id": str(uuid.uuid4())}
-                for body in bodies:
-                    await post(http, url, body, headers)
+            one = functools.partial(replay_session, url=url, bodies=bodies)
 
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
                 for _ in range(rounds):

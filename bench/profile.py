@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -24,7 +24,7 @@ import aiohttp
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import gateway_argv, post, process, thread_cpu_seconds, wait_ready
+from bench.harness import gateway_argv, process, replay_session, thread_cpu_seconds, wait_ready
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
 
@@ -76,11 +76,7 @@ async def run(kb: int, sessions: int, raw: Path) -> None:
             await wait_ready(f"{upstream}/health", fake, tmp / "fake.log")
             await wait_ready(f"http://127.0.0.1:{port}/health", gateway, tmp / "gateway.log")
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-
-            async def one(http: aiohttp.ClientSession) -> None:
-                headers = {"content-type": "application/json", "x-session-id": str(uuid.uuid4())}
-                for body in bodies:
-                    await post(http, url, body, headers)
+            one = partial(replay_session, url=url, bodies=bodies)
 
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
                 await asyncio.gather(one(http), one(http))  # warm-up
