@@ -150,8 +150,10 @@ class GatewayConfig:
     against the soonest room can come, or once it has waited as long as going costs
     (``router.working_set.early_at``: members that keep coming back within their
     reservations hold it no longer); a replica whose members are
-    all in their pauses then serves its waiters instead of idling. Off: a waiter waits for
-    room or the bound."""
+    all in their pauses then serves its waiters instead of idling. Where only running
+    requests hold the room it goes at once, to vLLM's own queue, which admits it the moment
+    one of them frees its blocks (vLLM never preempts a running request for a waiting one).
+    Off: a waiter waits for room or the bound."""
     admission_price_fit: bool = False
     """With ``admission``: price those restores and prefills at what one uncached token
     costs on the replicas as they run now, the slope of the recent replies' time to first

@@ -19,7 +19,8 @@ be in their pauses and its engine idle. ``early_at`` lets the first waiter go wh
 wait costs more than what admitting it costs (``CostModel``: the paused members' restores,
 the running requests' slowdown), so the controller never idles an engine to save less than
 the wait, and once it has waited that long (a ski rental's rule, since how long the wait
-runs is not known).
+runs is not known); where only running requests hold the room, it goes to vLLM's own
+queue, which sees their ends first.
 """
 
 from __future__ import annotations
@@ -241,11 +242,10 @@ def early_at(
     waited_s: float = 0.0,
     headroom: Headroom | None = None,
     own_tokens: int = 0,
-) -> float | None:
+) -> float:
     """When a request that does not fit beside the set (``admits`` said no) and is first
     in its replica's queue goes anyway, if nothing changes meanwhile: ``now`` when its wait
-    costs more than going, else once it has waited as long as going costs; None where the
-    running members alone hold the room.
+    costs more than going, else once it has waited as long as going costs.
 
     Both sides in seconds of the sessions' time, the one cost model's. Going costs the
     paused members it evicts their restores when they return (``eviction_s``), and each of
@@ -276,13 +276,15 @@ def early_at(
     restores take later is time it idles now, and the request goes whenever those restores
     cost less than the wait. Where room comes only past ``deadline`` (the end of the
     request's admission wait), waiting ends in a timeout that revokes the same paused
-    sessions, so it goes now. Where the running members alone hold the room it waits:
-    going would make vLLM preempt them, not evict the paused. Room is counted as ``admits``
+    sessions, so it goes now. So it does where the running members alone hold the room
+    (``room_at`` None: no wait here ends before one of them does): vLLM's scheduler then
+    holds it in its own queue until a running request frees blocks, and sees that end the
+    moment it comes, which the gateway learns only at the reply's end; it never preempts a
+    running request to admit a waiting one (preemption is only for a running request's own
+    next blocks, and takes the newest first, this one). Room is counted as ``admits``
     counts it (``headroom``)."""
     at = room_at(room, members, session, tokens, now, fraction=fraction, headroom=headroom)
-    if at is None:
-        return None
-    if at >= deadline:
+    if at is None or at >= deadline:
         return now
     going = eviction_s(room, members, session, tokens, now, fraction=fraction, cost=cost)
     own = min(own_tokens, tokens)

@@ -267,7 +267,7 @@ class WorkingSetAdmission:
         room: Room,
         members: dict[Key, Member],
         headroom: Headroom | None,
-    ) -> float | None:
+    ) -> float:
         """``early_at`` for a waiter first in its queue: the replica's requests are the
         most of its scrape (running and waiting), this gateway's in flight there, and its
         running members."""

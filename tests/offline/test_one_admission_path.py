@@ -66,10 +66,12 @@ def pool() -> ReplicaPool:
 def admission() -> WorkingSetAdmission:
     # Without reservations a waiter's only timeout is its deadline, far past the script:
     # the gateway's waiters then wake on the admission's changes alone, never on the
-    # wall clock (the test's clock is the event index).
+    # wall clock (the test's clock is the event index). Waiting for room (work_conserving
+    # off): with no paused members, a priced waiter would go at once.
     return WorkingSetAdmission(
-        get_preset("cpu-tiny"), max_wait_s=1e6, reserve=False, pool_tokens=POOL_TOKENS
-    )
+        get_preset("cpu-tiny"), max_wait_s=1e6, reserve=False, pool_tokens=POOL_TOKENS,
+        work_conserving=False,
+    )  # fmt: skip
 
 
 async def through_the_gateway(events: list[Send | End]) -> list[Admitted]:

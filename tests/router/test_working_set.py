@@ -388,11 +388,19 @@ def test_a_returning_waiter_goes_where_it_would_lose_more_of_its_own_prefix_than
     assert not goes(500)  # ~0.5 s of its own against ~3 s of theirs, 2 s to wait
 
 
-def test_room_only_past_the_deadline_goes_now_and_running_members_are_never_evicted():
+def test_room_only_past_the_deadline_goes_now():
     # The wait would end in the timeout revoking the same paused sessions: go now.
     assert early(paused(until_b=NOW + 2), cost=SLOW, deadline=NOW + 1)
+    assert not early(paused(until_b=NOW + 2), cost=SLOW, deadline=NOW + 30)
+
+
+def test_where_running_members_alone_hold_the_room_it_goes_to_vllms_queue_at_once():
+    # No reservation's end makes room: vLLM queues it and admits it when "a" frees its
+    # blocks, which the gateway would learn only at a's reply's end. Going evicts only the
+    # paused ("b"): vLLM never preempts a running request for a waiting one.
     running = {"a": Member(6_000, running=1), "b": Member(3_000, reserved_until=NOW + 5)}
-    assert not early(running, cost=TINY, deadline=NOW + 1)
+    assert early(running, cost=SLOW, running=1)
+    assert revoked(ROOM, running, "c", 4_000, NOW, fraction=0.9) == ["b"]
 
 
 def two_paused(admission: WorkingSetAdmission) -> None:
@@ -476,12 +484,15 @@ def test_a_priced_admission_keeps_first_come_first_served():
     assert verdict.admit and verdict.reason == "priced"
 
 
-def test_with_priced_admission_nobody_waits_past_the_bound():
+def test_with_priced_admission_a_waiter_behind_running_requests_alone_goes_at_once():
+    # Switched off, "b" waits for "a"'s reply (``test_nobody_waits_past_the_bound``);
+    # priced, it goes to vLLM's queue, which admits it the moment "a" frees its blocks.
     admission = seam(work_conserving=True, max_wait_s=2.0)
     go(admission, "a", 0.0, tokens=6_000)  # running: its room is not evicted
-    assert not admission.decide(ask("b", 0.5)).admit
-    verdict = admission.decide(ask("b", 2.5, waited_s=2.0))
-    assert verdict.admit and verdict.reason == "timed_out"
+    verdict = admission.decide(ask("b", 0.5))
+    assert verdict.admit and verdict.reason == "priced"
+    admission.started(ask("b", 0.5))
+    assert admission.holds("t", "a", "r1", 0.6)
 
 
 def test_with_price_fit_the_seam_prices_restores_at_what_the_replies_say():

@@ -26,10 +26,12 @@ Admitted = tuple[int, str, str, str]  # step, session, replica, outcome
 
 def seam() -> WorkingSetAdmission:
     # No reservations, no deadline within a script: the state changes only by the
-    # script's events, so the two ways of asking again must agree exactly.
+    # script's events, so the two ways of asking again must agree exactly. Waiting for
+    # room (work_conserving off): with no paused members, a priced waiter would go at once.
     return WorkingSetAdmission(
-        get_preset("cpu-tiny"), max_wait_s=1e9, reserve=False, pool_tokens=POOL_TOKENS
-    )
+        get_preset("cpu-tiny"), max_wait_s=1e9, reserve=False, pool_tokens=POOL_TOKENS,
+        work_conserving=False,
+    )  # fmt: skip
 
 
 def candidates(usage: dict[str, float]) -> tuple[Candidate, ...]:
@@ -151,8 +153,9 @@ def replace_now(request: AdmissionRequest, now: float) -> AdmissionRequest:
 class CountingAdmission(WorkingSetAdmission):
     def __init__(self) -> None:
         super().__init__(
-            get_preset("cpu-tiny"), max_wait_s=1e9, reserve=False, pool_tokens=POOL_TOKENS
-        )
+            get_preset("cpu-tiny"), max_wait_s=1e9, reserve=False, pool_tokens=POOL_TOKENS,
+            work_conserving=False,
+        )  # fmt: skip
         self.decisions = 0
 
     def decide(self, request: AdmissionRequest):
