@@ -27,10 +27,9 @@ class RouteHints:
     session's history). ``resident_tokens``: per replica URL, how much of the session's
     last prefix the replica still holds, from its KV events (``router.kv_events``); None
     when the gateway does not follow them. ``admitted``: the replica working-set admission
-    let the request into (``router.working_set_admission``: its set counted the request's
-    room there and holds the session's prefix there); the decision takes it while it is a
-    candidate, since a move would re-prefill the prefix elsewhere and overflow a set that
-    did not count it.
+    placed the request on, by room or after a wait for room there (``router.admission_seam.
+    binds_placement``); the decision takes it while it is a candidate, since a move would
+    throw that wait away and overflow a set that did not count it.
     """
 
     prompt_tokens: int = 0

@@ -29,7 +29,7 @@ from gateway.steps.route import LAST_PROMPT
 from gateway.steps.working_set import Ticket, WorkingSetGate
 from gateway.tenants import Tenants
 from router import ReplicaPool, RouteHints
-from router.admission_seam import FirstToken
+from router.admission_seam import FirstToken, binds_placement
 from router.cost import CostModel, get_preset
 from router.kv_events import session_key
 from router.kv_subscriber import KvEventSubscriber
@@ -150,8 +150,9 @@ class KvControl:
             ticket = await self.gate.admit(
                 ingested.tenant, ingested.session, home, replica_tokens(ingested, hints)
             )
-            if ticket.request is not None:  # the policy places it where its set counted it
-                hints = replace(hints, admitted=ticket.request.replica)
+            request = ticket.request
+            if request is not None and binds_placement(request, ticket.outcome):
+                hints = replace(hints, admitted=request.replica)  # where its set counted it
         return Placement(key, hints, warm, ticket)
 
     def scope(self, body: MutableMapping[str, Any], ingested: Ingested, placed: Placement) -> int:

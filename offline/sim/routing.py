@@ -27,6 +27,7 @@ from router.admission_seam import (
     AdmissionVerdict,
     FirstToken,
     admission_request,
+    binds_placement,
     relocate,
 )
 from router.inputs import Candidate, snapshot
@@ -145,8 +146,8 @@ class SimRouting:
         if verdict.admit:
             admission.started(request)
             routed.admitted = request
-            # The policy places it where its set counted it (the gateway's KV step).
-            routed.hints = replace(routed.hints, admitted=request.replica)
+            if binds_placement(request, verdict.reason):  # as the gateway's KV step
+                routed.hints = replace(routed.hints, admitted=request.replica)
         return verdict
 
     def route(self, routed: Routed) -> Decision:
