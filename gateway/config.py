@@ -180,7 +180,9 @@ class GatewayConfig:
     pause_reservation: bool = False
     """Keep a session's footprint reserved on its replica through its tool pause, for as long
     as its own pauses say it will be gone when re-prefilling it would cost more than an
-    engine step (``router.working_set.reservation_s``); needs ``admission``."""
+    engine step (``router.working_set.reservation_s``); needs ``admission``. A reply that
+    calls none of the tools its request offered ended the agent's turn (``router.turn_end``):
+    no tool pause follows it, and nothing is reserved."""
     reservation_max_s: float = 120.0
     """Longest one reservation lasts; a session idle past its reservation releases it."""
     kv_events: bool = False

@@ -271,7 +271,9 @@ class Pipeline:
             served = True
         finally:
             measured = first_token(restoring.usage, started.first_chunk_s) if served else None
-            self.kv.finish(started.kv, served=served, first_token=measured)
+            self.kv.finish(
+                started.kv, served=served, first_token=measured, pausing=not restoring.ended_turn
+            )
         # Accounting is bookkeeping, not history: the client need not wait for it.
         request_id = uuid.uuid4().hex
         outcome = restoring.outcome()

@@ -76,10 +76,13 @@ class Admission(Protocol):
         *,
         served: bool = True,
         first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
         """A reply of the session on ``replica`` ended (``served``: answered; else it
         failed, or its share moved to another replica); ``first_token``: the tokens its
-        replica prefilled and the seconds to its first token, where measured."""
+        replica prefilled and the seconds to its first token, where measured;
+        ``pausing``: the session's next request follows a tool call (False: the reply
+        ended the agent's turn, ``router.turn_end``)."""
         ...
 
     def wake(self, ask: Callable[[tuple[str, str]], object]) -> None:
@@ -110,6 +113,7 @@ class AdmitAll:
         *,
         served: bool = True,
         first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
         return None
 

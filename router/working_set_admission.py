@@ -232,10 +232,13 @@ class WorkingSetAdmission:
         *,
         served: bool = True,
         first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
         """A reply of the session on ``replica`` ended (``served``: it was answered, so the
         session pauses now and its footprint is reserved through the pause);
-        ``first_token`` feeds the prefill price."""
+        ``first_token`` feeds the prefill price. Not ``pausing`` (the reply ended the
+        agent's turn: no tool call to run), nothing is reserved and the gap to the
+        session's next request, a person's or none, sizes no later pause."""
         if first_token is not None and self.price is not None:
             self.price.observe(*first_token)
             if self.price.fitted:
@@ -244,13 +247,15 @@ class WorkingSetAdmission:
         members = self.members.get(replica, {})
         member = members.get(key)
         if served:
-            self._history_of(key).last_end = now
+            self._history_of(key).last_end = now if pausing else None
         if member is not None:
             until = member.reserved_until
-            if served and self.reserve and member.running == 1:  # its last request ended
-                expected = expected_pause_s(self._history_of(key).gaps, self._prior())
-                hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
-                until = now + hold
+            if served and member.running == 1:  # its last request ended
+                until = 0.0
+                if self.reserve and pausing:
+                    expected = expected_pause_s(self._history_of(key).gaps, self._prior())
+                    hold = reservation_s(expected, member.tokens, self.cost, self.reservation_max_s)
+                    until = now + hold
             updated = replace(
                 member, running=max(0, member.running - 1), reserved_until=until, ended_at=now
             )

@@ -172,10 +172,17 @@ class KvControl:
             self.gate.started(placed.ticket, replica_url)
 
     def finish(
-        self, placed: Placement, *, served: bool, first_token: FirstToken | None = None
+        self,
+        placed: Placement,
+        *,
+        served: bool,
+        first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
+        """The request's reply ended (``served``) or it failed; ``pausing``: as
+        ``WorkingSetGate.finish``'s."""
         if self.gate is not None and placed.ticket is not None:
-            self.gate.finish(placed.ticket, served=served, first_token=first_token)
+            self.gate.finish(placed.ticket, served=served, first_token=first_token, pausing=pausing)
 
     async def close(self) -> None:
         if self.events is not None:

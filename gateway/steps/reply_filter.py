@@ -114,6 +114,8 @@ class Decision:
     tail: list[dict[str, Any]]
     """Chunks still owed to the client if this reply ends the exchange (finish, usage)."""
     usage: dict[str, Any] | None
+    finish_reason: str | None = None
+    """The upstream's own, before any change made for the client."""
 
 
 class ReplyFilter:
@@ -192,7 +194,10 @@ class ReplyFilter:
         asked: dict[str, Any] = {"role": "assistant", "content": held if action else None}
         if restore_calls:
             asked["tool_calls"] = restore_calls
-        decision = Decision(restores, restore_calls, asked, other_calls, self._tail, self.acc.usage)
+        decision = Decision(
+            restores, restore_calls, asked, other_calls, self._tail, self.acc.usage,
+            self.acc.finish_reason,
+        )  # fmt: skip
         return out, decision
 
     def _feed_call(self, call_delta: dict[str, Any]) -> list[dict[str, Any]]:

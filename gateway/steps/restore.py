@@ -30,6 +30,7 @@ from gateway.transcript import Message, Text
 from gateway.upstream import ChatStream
 from router import ReplicaPool, reading_reply
 from router.replica import Replica
+from router.turn_end import ends_turn
 from store import SessionStore
 
 # A history with the gateway's turns in place, and the render state they make.
@@ -62,6 +63,7 @@ class Restoring:
         self.restores = 0
         self.stats = stats
         self.pressure = pressure
+        self.ended_turn = False  # the last reply ended the agent's turn (router.turn_end)
 
     def add_turns(self, after: int, messages: Sequence[Mapping[str, Any]]) -> None:
         """Gateway turns recorded after history message ``after``: in the history now."""
@@ -129,6 +131,9 @@ class RestoreLoop:
                 restoring.usage.append(dict(decision.usage))
                 self.guard.observe((ingested.tenant, ingested.session), decision.usage)
             if not decision.restores or restoring.restores >= self.max_restores:
+                restoring.ended_turn = not decision.restores and ends_turn(
+                    bool(ingested.transcript.tools), decision.other_calls, decision.finish_reason
+                )
                 break
             restoring.restores += 1
             await self.answer(ingested, stored, restoring, decision)

@@ -194,16 +194,22 @@ class WorkingSetGate:
         self._notify()
 
     def finish(
-        self, ticket: Ticket, *, served: bool, first_token: FirstToken | None = None
+        self,
+        ticket: Ticket,
+        *,
+        served: bool,
+        first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
         """The request's reply ended (``served``) or it failed: its running share goes; a
-        served one reserves the session's footprint through its pause (and its
-        ``first_token`` feeds the admission's prefill price)."""
+        served one reserves the session's footprint through its pause unless it ended the
+        agent's turn (``pausing`` False), and its ``first_token`` feeds the admission's
+        prefill price."""
         request = ticket.request
         if ticket.done or request is None:
             return
         ticket.done = True
-        self._ended(request, served=served, first_token=first_token)
+        self._ended(request, served=served, first_token=first_token, pausing=pausing)
         metrics.ADMISSION_PREFILL_PRICE.set(self.admission.cost.per_prefill_token_s)
         self._notify()
 
@@ -223,16 +229,22 @@ class WorkingSetGate:
         return verdict
 
     def _ended(
-        self, request: AdmissionRequest, *, served: bool, first_token: FirstToken | None = None
+        self,
+        request: AdmissionRequest,
+        *,
+        served: bool,
+        first_token: FirstToken | None = None,
+        pausing: bool = True,
     ) -> None:
         self.admission.ended(
             request.tenant, request.session, request.replica, self.clock(),
-            served=served, first_token=first_token,
+            served=served, first_token=first_token, pausing=pausing,
         )  # fmt: skip
         if self.trace is not None:
             self.trace.write(
-                "ended", request.tenant, request.session, request.replica, served=served
-            )
+                "ended", request.tenant, request.session, request.replica, served=served,
+                pausing=pausing,
+            )  # fmt: skip
 
     def _withdrawn(self, tenant: str, session: str, why: str) -> None:
         self.admission.withdrawn(tenant, session)

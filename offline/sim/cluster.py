@@ -449,7 +449,9 @@ class _Cluster:
         measured = None
         if req.first_token is not None and req.cached_tokens is not None:
             measured = (req.prompt_tokens - req.cached_tokens, req.first_token - req.sent)
-        self.routing.ended(self.routed.pop(req.session), now, measured)
+        run = self.workload.runs[(s.trajectory, config.strategy)]
+        pausing = not run.steps[s.step].ends_turn
+        self.routing.ended(self.routed.pop(req.session), now, measured, pausing=pausing)
         self.last_finish = now
         if req.sent >= config.warmup_s:
             result.requests += 1
@@ -457,7 +459,6 @@ class _Cluster:
             result.queue_s.append(req.first_scheduled - req.arrival)
             result.ttft_s.append(req.first_token - req.sent)
         s.step += 1
-        run = self.workload.runs[(s.trajectory, config.strategy)]
         if s.step < len(run.steps):
             think = self.think(s.rng)
             self.push(self.send_time(s, now + think), _SEND, s.index)

@@ -176,12 +176,21 @@ class SimRouting:
         if assign is not None:
             self.assignments.write(routed.tenant, routed.session, assign)
 
-    def ended(self, routed: Routed, now: float, first_token: FirstToken | None = None) -> None:
+    def ended(
+        self,
+        routed: Routed,
+        now: float,
+        first_token: FirstToken | None = None,
+        *,
+        pausing: bool = True,
+    ) -> None:
         """The reply ended: served, so the session's footprint is reserved through its
-        pause; ``first_token`` as the gateway measures it (``gateway.steps.kv``)."""
+        pause unless the reply ended the agent's turn (``pausing`` False); ``first_token``
+        as the gateway measures it (``gateway.steps.kv``)."""
         routed.replica.ended()
         if self.admission is not None and routed.admitted is not None:
             request = routed.admitted
             self.admission.ended(
-                request.tenant, request.session, request.replica, now, first_token=first_token
-            )
+                request.tenant, request.session, request.replica, now,
+                first_token=first_token, pausing=pausing,
+            )  # fmt: skip

@@ -36,6 +36,7 @@ from gateway.transcript import Transcript
 from offline.prefix_cache import PrefixCache
 from offline.replay import ReplayConfig, TrajectoryLike, requests_of
 from router.session_route import SharedPrefix, shared_prefix
+from router.turn_end import ends_turn
 
 SHARE_MODES = ("head", "all")
 # The tenant every simulated session belongs to.
@@ -53,6 +54,7 @@ class Step:
     head_tokens: int
     tokens: np.ndarray | None = None  # the prompt's token ids, when kept (calibration)
     prefix: SharedPrefix | None = None  # the gateway's shared-prefix hint for it
+    ends_turn: bool = False  # its reply ends the agent's turn (router.turn_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +91,21 @@ def _head_tokens(chat: ChatTokenizer, t: Transcript) -> int:
     return n
 
 
-def _reply_tokens(chat: ChatTokenizer, history: Transcript) -> list[int]:
-    """Tokens of each assistant reply, in order: what the model generated for each request."""
-    return [chat.message_count(m) for m in history.messages if m.role == "assistant"]
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    tokens: int  # what the model generated for its request
+    ends_turn: bool
+
+
+def _replies(chat: ChatTokenizer, history: Transcript) -> list[_Reply]:
+    """Each assistant reply, in order. The recordings keep no tool schemas: a harness
+    whose replies call tools natively offered them (``router.turn_end``)."""
+    replies = [m for m in history.messages if m.role == "assistant"]
+    offered = bool(history.tools) or any(m.tool_calls for m in replies)
+    return [
+        _Reply(chat.message_count(m), ends_turn(offered, len(m.tool_calls), "stop"))
+        for m in replies
+    ]
 
 
 def build_workload(
@@ -141,7 +155,7 @@ def build_workload(
     common: set[int] = set()  # hashes more than one recording has
     for trajectory in trajectories:
         names.append(trajectory.id)
-        replies = _reply_tokens(chat, trajectory.transcript)
+        replies = _replies(chat, trajectory.transcript)
         seen_here: set[int] = set()  # this recording's hashes, every strategy
         for strategy, renderer in renderers.items():
             rendered = _render_run(
@@ -173,7 +187,7 @@ class _Rendered:
 
     hashes: np.ndarray  # its full blocks' chained hashes
     prompt_tokens: int
-    reply_tokens: int
+    reply: _Reply
     head_tokens: int
     tokens: np.ndarray | None
     prefix: SharedPrefix | None
@@ -183,7 +197,7 @@ def _render_run(
     trajectory: TrajectoryLike,
     renderer: Renderer,
     chat: ChatTokenizer,
-    replies: list[int],
+    replies: list[_Reply],
     block_size: int,
     max_steps: int | None,
     keep_tokens: bool,
@@ -205,7 +219,7 @@ def _render_run(
             _Rendered(
                 hashes=np.asarray(hasher.block_hashes(ids), dtype=np.int64),
                 prompt_tokens=len(ids),
-                reply_tokens=reply,
+                reply=reply,
                 head_tokens=_head_tokens(chat, rendered.transcript),
                 tokens=np.asarray(ids, dtype=np.int32) if keep_tokens else None,
                 prefix=shared_prefix(SIM_TENANT, rendered.transcript),
@@ -244,10 +258,11 @@ def _name_blocks(
                 head=np.asarray(head, dtype=np.int64),
                 own=np.asarray(own, dtype=np.int64),
                 prompt_tokens=r.prompt_tokens,
-                output_tokens=max(1, min(r.reply_tokens, max_output_tokens)),
+                output_tokens=max(1, min(r.reply.tokens, max_output_tokens)),
                 head_tokens=n_head * block_size,
                 tokens=r.tokens,
                 prefix=r.prefix,
+                ends_turn=r.reply.ends_turn,
             )
         )
     return tuple(steps), len(local)

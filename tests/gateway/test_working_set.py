@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import replace
@@ -253,3 +254,52 @@ def test_a_reply_tells_its_prefill_only_when_one_request_with_cached_counts_answ
     assert first_token([usage, usage], 0.4) is None  # a restore: two requests' times
     assert first_token([{"prompt_tokens": 1_000}], 0.4) is None  # no cached count
     assert first_token([usage], None) is None  # no first chunk timed
+
+
+async def test_a_reply_that_calls_no_tool_ends_the_turn_and_reserves_nothing(redis_url, tmp_path):
+    """A tool-calling session: the reply that calls a tool pauses it (its footprint stays
+    reserved on its replica through the tool's run); the reply that calls none ended the
+    agent's turn, so its share goes at once and nothing is held for a pause not coming."""
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    trace = tmp_path / "admission.jsonl"
+    fake = await FakeUpstream(
+        script=[ScriptedReply(content="", tool_calls=[("bash", '{"cmd": "ls"}')])],
+        default=ScriptedReply(content="all done"),
+    ).start()
+    config = replace(
+        kv_config(
+            redis_url, admission_trace=str(trace), reservation_max_s=30.0,
+            kv_pool_tokens=50_000,
+        ),
+        replicas=(fake.url,),
+    )  # fmt: skip
+    session = f"turn-{uuid.uuid4().hex[:8]}"
+    # Long enough that its re-prefill costs more than a reservation's step (``reservation_s``).
+    system = {"role": "system", "content": "You are a coding agent. " * 800}
+    messages: list[dict] = [system, {"role": "user", "content": "list the files"}]
+    try:
+        async with running_gateway(config) as url, httpx.AsyncClient(timeout=30) as http:
+            for _ in range(2):
+                resp = await http.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "m", "messages": messages, "tools": tools, "max_tokens": 8},
+                    headers={"x-session-id": session, "x-foldgate-strategy": "base"},
+                )
+                assert resp.status_code == 200, resp.text
+                reply = resp.json()["choices"][0]["message"]
+                messages.append({k: v for k, v in reply.items() if v is not None})
+                for call in reply.get("tool_calls") or []:
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": "a b"})
+    finally:
+        await fake.stop()
+    assert messages[2].get("tool_calls") and messages[-1]["content"] == "all done"
+    ended = [
+        line
+        for line in map(json.loads, trace.read_text().splitlines())
+        if line["event"] == "ended" and line["session"].endswith(session)
+    ]
+    assert [line["pausing"] for line in ended] == [True, False]
+    key = ended[0]["session"]
+    _, running, reserved_s = ended[0]["state"]["members"][key]
+    assert running == 0 and reserved_s > 0  # paused through the tool call, reserved
+    assert key not in ended[1]["state"]["members"]  # the turn ended: out of the set

@@ -362,6 +362,18 @@ def test_leading_blocks_two_recordings_have_in_common_are_shared(tmp_path: Path)
     assert first_a.head_tokens + 16 * len(first_a.own) <= first_a.prompt_tokens
 
 
+def test_a_recorded_reply_that_calls_no_tool_ends_its_agents_turn(tmp_path: Path) -> None:
+    # Every reply of the recording calls a tool but its last, "done": the session's
+    # footprint is reserved after each but that one (``SimRouting.ended``'s ``pausing``).
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    steps = workload.runs[("tiny", "base")].steps
+    assert [s.ends_turn for s in steps] == [False] * (len(steps) - 1) + [True]
+
+
 def test_simulation_is_deterministic_and_sticky_keeps_prefixes(tmp_path: Path) -> None:
     trajectories = load_trajectories(trajectory_file(tmp_path))
     chat = ChatTokenizer(ByteEstimate())
@@ -799,6 +811,7 @@ class OneAtATime:
         *,
         served: bool = True,
         first_token: tuple[int, float] | None = None,
+        pausing: bool = True,
     ) -> None:
         self.busy.discard(replica)
 

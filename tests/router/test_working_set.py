@@ -220,6 +220,21 @@ def test_a_served_session_keeps_its_share_through_its_pause_and_releases_it_afte
     assert verdict.admit and verdict.reason == "waited"  # released, not timed out
 
 
+def test_a_reply_that_ended_the_agents_turn_reserves_nothing_and_sizes_no_pause():
+    admission = seam(max_wait_s=20.0)
+    go(admission, "a", 0.0, tokens=8_000)
+    admission.ended("t", "a", "r1", 1.0)
+    go(admission, "a", 3.0, tokens=8_000)  # a 2-s tool pause
+    admission.ended("t", "a", "r1", 4.0, pausing=False)  # no tool called: the turn ended
+    assert not admission.holds("t", "a", "r1", 4.0)
+    assert admission.decide(ask("b", 4.1)).admit  # its room is free at once
+    admission.withdrawn("t", "b")
+    go(admission, "a", 604.0, tokens=8_000)  # its person answered ten minutes later
+    admission.ended("t", "a", "r1", 605.0)
+    # The reservation is sized by the tool pause (2 s x 1.5), not by the person's 600 s.
+    assert admission.holds("t", "a", "r1", 607.9) and not admission.holds("t", "a", "r1", 608.1)
+
+
 def test_nobody_waits_past_the_bound():
     admission = seam(max_wait_s=2.0)
     go(admission, "a", 0.0, tokens=9_000)
