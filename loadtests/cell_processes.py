@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from deploy.cpu.replicas import ReplicaError, ReplicaSet, free_ports, start_replicas
 from deploy.cpu.vllm_server import kv_events_endpoint
@@ -80,9 +81,11 @@ def gateway_env(cell: Cell, settings: Settings, cell_dir: Path) -> dict[str, str
 
 
 @contextmanager
-def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
+def gateway(
+    cell: Cell, settings: Settings, urls: list[str], cell_dir: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``foldgate serve`` for the cell on a fresh SQLite store, with the cell's variant's
-    GatewayConfig overrides as its config file; yields its base URL."""
+    GatewayConfig overrides as its config file; yields its base URL and process."""
     port = free_ports(1)[0]
     cmd = [
         sys.executable, "-m", "gateway.cli", "serve",
@@ -112,10 +115,27 @@ def gateway(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> 
                 tail = (cell_dir / "gateway.log").read_text(errors="replace")[-3000:]
                 raise ExperimentError(f"gateway for {cell.name} did not become ready:\n{tail}")
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         _stop(proc)
         log.close()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` and its live descendants have used so
+    far: a front's cost, read before and after a cell's load (Ray's workers are the
+    gateway's children; a process gone between two readings drops out of the second)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        with suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def router_binary() -> Path:

@@ -40,6 +40,7 @@ from loadtests.cell_processes import (
     gateway,
     load_bound_s,
     run_locust,
+    tree_cpu_s,
     vllm_router,
 )
 from loadtests.plan import (
@@ -54,7 +55,7 @@ from loadtests.plan import (
     unknown_overrides,
 )
 from loadtests.report import write_report
-from loadtests.results import capacity, summarize
+from loadtests.results import capacity, front_cpu, summarize
 from loadtests.vllm_metrics import Scrape, Window, scrape_all
 from offline.locust_runs import knee, load_requests, load_user_counts, stages
 
@@ -87,9 +88,10 @@ def run_cell(
         old.unlink()
     urls, fresh = replicas.for_cell(cell, say)
     ready = time.monotonic()
-    with _front(cell, settings, urls, cell_dir) as host:
+    with _front(cell, settings, urls, cell_dir) as (host, pid):
         window = Window(before=scrape_all(urls), after=[])
         scraper = Scraper(urls, settings.scrape_interval_s, window)
+        cpu_before = tree_cpu_s(pid) if pid is not None else None
         scraper.start()
         say("load running")
         try:
@@ -97,10 +99,12 @@ def run_cell(
         finally:
             scraper.halt.set()
             scraper.join()
+        front_cpu_s = tree_cpu_s(pid) - cpu_before if pid is not None else None
         window.after = scrape_all(urls)
     _save_scrapes(window, cell_dir / "scrapes.json")
     requests = load_requests(cell_dir)
     row = summarize(cell, window, requests, settings.block_size)
+    row.update(front_cpu(front_cpu_s, row["requests_ok"]))
     row["locust_exit_code"] = code
     row["fresh_replicas"] = fresh
     row["replica_ready_s"] = round(ready - started, 1)
@@ -114,18 +118,21 @@ def run_cell(
 
 
 @contextmanager
-def _front(cell: Cell, settings: Settings, urls: list[str], cell_dir: Path) -> Iterator[str]:
+def _front(
+    cell: Cell, settings: Settings, urls: list[str], cell_dir: Path
+) -> Iterator[tuple[str, int | None]]:
     """What Locust talks to: the gateway, vllm-router, or (no-gateway arm) the first
-    replica."""
+    replica; and the front's process id (None: no front)."""
     if cell.arm == "no_gateway":
-        yield urls[0]
+        yield urls[0], None
         return
     if cell.arm == "vllm_router":
-        with vllm_router(cell.router_policy, settings, urls, cell_dir / "router.log") as (url, _):
-            yield url
+        log = cell_dir / "router.log"
+        with vllm_router(cell.router_policy, settings, urls, log) as (url, proc):
+            yield url, proc.pid
         return
-    with gateway(cell, settings, urls, cell_dir) as url:
-        yield url
+    with gateway(cell, settings, urls, cell_dir) as (url, proc):
+        yield url, proc.pid
 
 
 def _save_scrapes(window: Window, path: Path) -> None:

@@ -43,6 +43,7 @@ COLUMNS = (
     ("vllm_waiting_max", "waiting max", "{:.0f}"),
     ("session_time_mean_s", "session time mean s", "{:.1f}"),
     ("admission_wait_max_s", "longest admission wait s", "{:.3f}"),
+    ("front_cpu_ms_per_step", "front CPU ms/step", "{:.1f}"),
     ("cell_wall_s", "cell wall s", "{:.0f}"),
 )
 # (column, heading, format) of the table of where each cell's prefix went (prefix_losses).
@@ -102,6 +103,10 @@ HOW_TO_READ = (
     "- **knee** (step loads): the first stage whose throughput reaches 90% of the best "
     "stage's; a stage starts when Locust first reports its user count and lasts the "
     "shape's stage length.",
+    "- **front CPU ms/step**: CPU time (user and system) the gateway or vllm-router used, "
+    "with its child processes, over the load phase, per completed step; on this machine "
+    "the front shares its cores with the replicas, so what it uses they do not get. "
+    "Empty for the no-gateway arm.",
     "- **cell wall s**: the cell from start to end, with a replica start where the cell "
     "began on fresh replicas (`fresh_replicas` in results.csv); cells that share a KV pool "
     "run on the same replicas, their prefix cache reset in between (vLLM's "

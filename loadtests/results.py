@@ -59,6 +59,18 @@ METRICS = (
 )
 # Filled for gateway cells only (the no-gateway arm has no gateway headers).
 GATEWAY_METRICS = ("raw_prompt_tokens", "rendered_prompt_tokens", "admission_wait_max_s")
+# The front's CPU over the load phase (the gateway or vllm-router with their child
+# processes; empty for the no-gateway arm): what it takes from replicas that share its cores.
+FRONT_METRICS = ("front_cpu_s", "front_cpu_ms_per_step")
+
+
+def front_cpu(cpu_s: float | None, steps: int) -> dict[str, float | None]:
+    """``FRONT_METRICS`` of a cell whose front used ``cpu_s`` CPU seconds for ``steps``
+    completed steps (None: the cell has no front)."""
+    if cpu_s is None:
+        return dict.fromkeys(FRONT_METRICS)
+    per_step = round(cpu_s * 1000 / steps, 2) if steps else None
+    return {"front_cpu_s": round(cpu_s, 2), "front_cpu_ms_per_step": per_step}
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -16,7 +16,7 @@ import pytest
 
 from loadtests.experiment import run_profile
 from loadtests.plan import load_profile
-from loadtests.results import GATEWAY_METRICS, METRICS
+from loadtests.results import FRONT_METRICS, GATEWAY_METRICS, METRICS
 from tests.e2e.conftest import SERVED_NAME
 
 pytestmark = pytest.mark.e2e
@@ -116,6 +116,9 @@ def test_two_cell_experiment_reports_every_metric_for_both_cells(
             assert locust_counts.get(name) == USERS * STEPS, (name, locust_counts)
     gateway_row = rows[0]
     assert all(gateway_row[m] not in ("", "None") for m in GATEWAY_METRICS)
+    # The gateway's CPU over the load is counted; the no-gateway arm has no front.
+    assert float(gateway_row["front_cpu_s"]) > 0 and float(gateway_row["front_cpu_ms_per_step"]) > 0
+    assert all(rows[1][m] in ("", "None") for m in FRONT_METRICS)
     report = (out / "report.md").read_text()
     for row in rows:
         assert row["cell"] in report
