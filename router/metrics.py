@@ -11,10 +11,9 @@ engines because a sum of fractions means nothing.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 # Sample names in order of preference (V1 first, then legacy).
 _RUNNING = ("vllm:num_requests_running",)
@@ -76,35 +75,85 @@ class MetricsPage:
 
 
 def parse_metrics_page(text: str) -> MetricsPage:
-    """Read a Prometheus text page; non-finite samples are skipped.
+    """Read a Prometheus text page's ``vllm:`` samples, line by line; non-finite samples are
+    skipped.
 
-    Raises MetricsParseError when the text is malformed.
+    A sample line is ``name[{labels}] value [timestamp]``. Only the labels read here are
+    parsed (a histogram bucket's ``le``, the cache config's pool), so a page costs its
+    scanning: a vLLM-CPU page of 56 KB (667 lines) took prometheus_client's parser 7.7 ms,
+    every probe interval, per replica, on the gateway's event loop.
+
+    Raises MetricsParseError when a ``vllm:`` sample line is malformed.
     """
     totals: dict[str, float] = defaultdict(float)
     label_sets: dict[str, int] = defaultdict(int)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     pool_tokens: int | None = None
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if not sample.name.startswith("vllm:") or not math.isfinite(sample.value):
-                    continue
-                if sample.name.endswith("_bucket") and "le" in sample.labels:
-                    bound = float(sample.labels["le"])
-                    buckets[sample.name.removesuffix("_bucket")][bound] += sample.value
-                    continue
-                totals[sample.name] += sample.value
-                label_sets[sample.name] += 1
-                if sample.name == _CACHE_CONFIG:
-                    pool_tokens = (pool_tokens or 0) + _pool_tokens(sample.labels)
-    except ValueError as exc:
-        raise MetricsParseError(f"malformed Prometheus text: {exc}") from exc
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue  # comments, blank lines, other exporters' samples
+        name, labels, value = _sample(line)
+        if not math.isfinite(value):
+            continue
+        if name.endswith("_bucket"):
+            bound = _labels(labels, line).get("le")
+            if bound is not None:
+                buckets[name.removesuffix("_bucket")][_number(bound, line)] += value
+                continue
+        totals[name] += value
+        label_sets[name] += 1
+        if name == _CACHE_CONFIG:
+            pool_tokens = (pool_tokens or 0) + _pool_tokens(_labels(labels, line))
     return MetricsPage(
         dict(totals),
         dict(label_sets),
         {name: dict(b) for name, b in buckets.items()},
         pool_tokens or None,
     )
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_ESCAPES = re.compile(r"\\(.)")
+
+
+def _sample(line: str) -> tuple[str, str, float]:
+    """A sample line's name, its label block (without braces; empty: none) and value."""
+    named = _NAME.match(line)
+    assert named is not None  # the line starts with "vllm:"
+    name, rest = named.group(), line[named.end() :]
+    labels = ""
+    if rest.startswith("{"):
+        close = rest.rfind("}")  # label values may hold a brace; the value cannot
+        if close < 0:
+            raise MetricsParseError(f"malformed Prometheus text: unclosed labels in {line!r}")
+        labels, rest = rest[1:close], rest[close + 1 :]
+    fields = rest.split()
+    if not 1 <= len(fields) <= 2:  # the value, and an optional timestamp
+        raise MetricsParseError(f"malformed Prometheus text: {line!r}")
+    return name, labels, _number(fields[0], line)
+
+
+def _labels(block: str, line: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    at = 0
+    while at < len(block):
+        pair = _LABEL.match(block, at)
+        if pair is None or pair.end() == at:
+            raise MetricsParseError(f"malformed Prometheus text: labels of {line!r}")
+        value = pair.group(2)
+        if "\\" in value:
+            value = _ESCAPES.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+        labels[pair.group(1)] = value
+        at = pair.end()
+    return labels
+
+
+def _number(text: str, line: str) -> float:
+    try:
+        return float(text)  # Python reads "+Inf", "-Inf" and "NaN" as Prometheus writes them
+    except ValueError:
+        raise MetricsParseError(f"malformed Prometheus text: {line!r}") from None
 
 
 def _pool_tokens(labels: dict[str, str]) -> int:

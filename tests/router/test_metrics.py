@@ -1,7 +1,8 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from router import MetricsParseError, ReplicaMetrics, parse_vllm_metrics
 from router.metrics import parse_metrics_page
@@ -160,3 +161,46 @@ def test_the_page_keeps_histogram_buckets_apart_from_samples() -> None:
     assert page.total(f"{ttft}_count") == 41.0
     assert f"{ttft}_bucket" not in page.totals
     assert page.total("python_gc_objects_collected_total") is None  # not vLLM's
+
+
+def _oracle(text: str) -> dict[str, float]:
+    """prometheus_client's own parser: every finite vllm: sample but buckets, summed."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("vllm:") and not s.name.endswith("_bucket"):
+                totals[s.name] = totals.get(s.name, 0.0) + s.value
+    return totals
+
+
+@settings(deadline=None)
+@given(
+    label=st.text(alphabet=st.sampled_from('ab{},="\\\n '), max_size=12),
+    values=st.lists(st.floats(0, 1e9, allow_nan=False), min_size=1, max_size=3),
+)
+def test_the_page_reads_what_prometheus_clients_own_parser_reads(
+    label: str, values: list[float]
+) -> None:
+    # Label values with braces, commas, quotes, backslashes and newlines (escaped as the
+    # exposition format escapes them), and a histogram beside the gauges.
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm:num_requests_running", "r", ["engine", "odd"], registry=registry)
+    for i, v in enumerate(values):
+        gauge.labels(engine=str(i), odd=label).set(v)
+    Gauge("vllm:num_requests_waiting", "w", registry=registry).set(1)
+    histogram = Histogram("vllm:e2e_request_latency_seconds", "l", ["odd"], registry=registry)
+    histogram.labels(odd=label).observe(0.3)
+    text = generate_latest(registry).decode()
+    page = parse_metrics_page(text)
+    assert page.totals == pytest.approx(_oracle(text))
+    buckets = page.buckets["vllm:e2e_request_latency_seconds"]
+    assert buckets[0.25] == 0.0 and buckets[0.5] == 1.0 and buckets[float("inf")] == 1.0
+
+
+def test_a_sample_with_a_timestamp_counts_and_a_bucket_with_broken_labels_is_refused() -> None:
+    page = parse_metrics_page('vllm:num_requests_running{engine="0"} 3 1700000000000\n')
+    assert page.total("vllm:num_requests_running") == 3
+    with pytest.raises(MetricsParseError, match="malformed"):
+        parse_metrics_page("vllm:x_bucket{le=0.5} 1\n")
+    with pytest.raises(MetricsParseError, match="malformed"):
+        parse_metrics_page('vllm:x{engine="0" 1\n')
