@@ -21,7 +21,7 @@ import httpx
 import psutil
 
 from deploy.cpu.replicas import ReplicaError, ReplicaSet, free_ports, start_replicas
-from deploy.cpu.vllm_server import kv_events_endpoint
+from deploy.cpu.vllm_server import KV_EVENTS_PORT_OFFSET, kv_events_endpoint
 from loadtests.plan import ROOT, Cell, Override, Settings
 
 LOCUSTFILES = {
@@ -311,9 +311,11 @@ class Replicas:
         self.close()
         say("starting replicas")
         log_dir = self.out / "replicas" / f"{self.starts}-kv{cell.kv_cache_bytes // 2**20}M"
+        events_offset = KV_EVENTS_PORT_OFFSET if self.settings.kv_events else None
         try:
             started = start_replicas(
-                self.settings.replicas, ports=free_ports(self.settings.replicas),
+                self.settings.replicas,
+                ports=free_ports(self.settings.replicas, offset=events_offset),
                 kv_cache_bytes=cell.kv_cache_bytes, max_model_len=self.settings.max_model_len,
                 block_size=self.settings.block_size, served_name=self.settings.model,
                 log_dir=log_dir, extra_env={"VLLM_SERVER_DEV_MODE": "1"},

@@ -198,7 +198,7 @@ async def arm(config: GatewayConfig, args: argparse.Namespace, replicas: list[st
 
 
 async def main(args: argparse.Namespace) -> None:
-    ports = free_ports(args.replicas)
+    ports = free_ports(args.replicas, offset=KV_EVENTS_OFFSET)
     with contextlib.ExitStack() as stack:
         urls = []
         for i, port in enumerate(ports):  # one at a time: each its own KV-events port

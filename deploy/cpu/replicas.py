@@ -86,13 +86,25 @@ class Replica:
             raise ValueError(f"not a replica record: {data!r} ({exc})") from exc
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that were free a moment ago (all held open while choosing)."""
+def free_ports(n: int, *, offset: int | None = None) -> list[int]:
+    """``n`` distinct ports that were free a moment ago (all held open while choosing); with
+    ``offset``, each one's ``port + offset`` too (a replica's KV-events port: the kernel
+    hands out these ports to outgoing connections as well, where a listening check does not
+    see them, and vLLM's publisher then fails to bind)."""
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
+        chosen: list[int] = []
+        while len(chosen) < n:
+            s = stack.enter_context(socket.socket())
             s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
+            port = s.getsockname()[1]
+            if offset is not None:
+                partner = stack.enter_context(socket.socket())
+                try:
+                    partner.bind(("0.0.0.0", port + offset))  # where vLLM binds it: every address
+                except (OSError, OverflowError):
+                    continue  # in use, or past the last port: the held one is not reused
+            chosen.append(port)
+        return chosen
 
 
 def _port_in_use(port: int) -> bool:

@@ -93,6 +93,25 @@ def test_start_refuses_a_busy_port(tmp_path: Path) -> None:
             start_replicas(1, ports=[port], model_dir=_model(tmp_path), python=Path(sys.executable))
 
 
+def test_free_ports_with_an_offset_skips_a_port_whose_partner_is_taken(monkeypatch) -> None:
+    # The first partner port (a KV-events port) is in use: its port is passed over.
+    refused: list[int] = []
+
+    class FirstPartnerTaken(socket.socket):
+        def bind(self, address) -> None:
+            if address[0] == "0.0.0.0" and not refused:
+                refused.append(address[1])
+                raise OSError(98, "Address already in use")
+            super().bind(address)
+
+    monkeypatch.setattr(rp.socket, "socket", FirstPartnerTaken)
+    ports = rp.free_ports(2, offset=vs.KV_EVENTS_PORT_OFFSET)
+    assert len(set(ports)) == 2 and refused[0] - vs.KV_EVENTS_PORT_OFFSET not in ports
+    for port in ports:  # each one's partner was free, and is again
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port + vs.KV_EVENTS_PORT_OFFSET))
+
+
 def test_a_server_that_dies_reports_its_log(tmp_path: Path) -> None:
     # The gateway's Python has no vllm: the server exits at once, a real startup failure.
     before = set(Path(tempfile.gettempdir()).glob("foldgate-vllm-*"))
