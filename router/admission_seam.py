@@ -153,8 +153,7 @@ def binds_placement(request: AdmissionRequest, reason: str) -> bool:
     the request waited for room there (``reason`` "waited"). Otherwise, a session admitted
     on its own replica, the policy routes it as it would without admission, and a move
     takes its share along (``relocate``): pinned to its home, no session would ever leave a
-    replica its policy finds overloaded (in the simulator at GPU scale, no moves at all
-    and a TTFT p95 of 3.40 s at 320 sessions where unpinned ran 2.55 s)."""
+    replica its policy finds overloaded (docs/results/2026-12-04-gpu-scale-kv-4.md)."""
     return request.roaming or reason == "waited"
 
 

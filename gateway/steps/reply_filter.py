@@ -114,7 +114,7 @@ class Decision:
     tail: list[dict[str, Any]]
     """Chunks still owed to the client if this reply ends the exchange (finish, usage)."""
     usage: dict[str, Any] | None
-    finish_reason: str | None = None
+    finish_reason: str | None
     """The upstream's own, before any change made for the client."""
 
 

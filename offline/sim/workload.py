@@ -99,7 +99,8 @@ class _Reply:
 
 def _replies(chat: ChatTokenizer, history: Transcript) -> list[_Reply]:
     """Each assistant reply, in order. The recordings keep no tool schemas: a harness
-    whose replies call tools natively offered them (``router.turn_end``)."""
+    whose replies call tools natively offered them (``router.turn_end``); a recorded reply
+    is whole, so it stopped on its own."""
     replies = [m for m in history.messages if m.role == "assistant"]
     offered = bool(history.tools) or any(m.tool_calls for m in replies)
     return [
