@@ -75,7 +75,7 @@ class Follower(Protocol):
 class _Points:
     """A following composition's cache: both caches as of the last request point."""
 
-    owner: Composed  # the composition that made it: its outer's cache means nothing to another
+    owner: Composed  # the composition that made it: another takes it only as ``carried``
     history: tuple[Message, ...]  # the history of that point
     inner: Any
     outer: Any
