@@ -23,6 +23,7 @@ from router.inputs import RouteHints
 from router.policies import NoHealthyReplica, RoutingPolicy
 from router.pool import ReplicaPool
 from router.replica import Replica
+from router.session_route import prefill_estimate
 from router.telemetry import FAILOVER_RETRIES
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ async def with_failover(
     The replica's in-flight count covers the whole attempt, so the attempt should finish
     streaming before it returns. Every outcome is reported to the pool. Raises the last
     `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
-    ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
+    ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt;
+    with the KV events' figures in them, the attempt's prefill counts as its replica's
+    backlog until it returns (``Replica.track``, ``prefill_estimate``).
     ``streamed``: `attempt` returns a reply still being read (its first chunk in hand); its
     success is not reported here but by `reading_reply` around the rest of it.
     """
@@ -75,7 +78,8 @@ async def with_failover(
             FAILOVER_RETRIES.inc()
         tried.append(replica.url)
         try:
-            with replica.track():
+            prefill = prefill_estimate(hints, replica.url) if hints is not None else None
+            with replica.track(prefill):
                 result = await attempt(replica)
         except UpstreamFailed as exc:
             _report_failed(pool, replica, exc)
