@@ -3,19 +3,23 @@ system messages of the rendered prompt) keyed per tenant, only for a policy that
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from gateway.config import GatewayConfig
 from gateway.fold.renderer import RenderStats
 from gateway.fold.spec import parse_spec
 from gateway.identity import Caller
 from gateway.request_cache import Decoded
 from gateway.steps import route
 from gateway.steps.ingest import Ingested
+from gateway.steps.kv import KvControl
 from gateway.steps.render_call import Rendering
 from gateway.tokens import BYTES_PER_TOKEN, estimate_tokens, serialize_tools
 from gateway.transcript import Message, Text, Transcript
-from router import get_preset, make_policy, make_tenant_policy
-from router.session_route import shared_prefix
+from router import ReplicaPool, get_preset, make_policy, make_tenant_policy
+from router.session_route import prefill_estimate, shared_prefix
 from store import Lookup
 from tests.router.support import NoStore
 
@@ -86,3 +90,23 @@ def test_a_prompt_without_system_messages_shares_only_its_tools(tools: tuple) ->
     decoded = Decoded.full(Transcript((Message("user", (Text("hi"),)),), tools=tools))
     found = shared_prefix("acme", decoded.transcript)
     assert (found is None) == (not tools)
+
+
+async def test_with_the_kv_events_the_prompt_is_sized_in_the_replicas_tokens() -> None:
+    """The events count the replica's tokens; the prompt whose unheld part is the request's
+    prefill (``prefill_estimate``) is taken in those too: the gateway's estimate scaled by
+    what the replica counted of the session's earlier prompts (``replica_tokens``)."""
+    ingested, rendering = sent("acme", "You are a coding agent. " * 50, "fix bug 1")
+    # The replica counted 1.5 tokens for every one the gateway estimated.
+    counts = {route.LAST_PROMPT: 1234, "rendered_tokens": 1000, "upstream_prompt_tokens": 1500}
+    ingested = replace(ingested, found=replace(ingested.found, counts=counts))
+    hints = route.hints(STICKY_COST, ingested, rendering, ingested.found.assignment)
+    home = "http://replica-1:8000"
+    control = KvControl(GatewayConfig(), ReplicaPool([home]), None)  # type: ignore[arg-type]
+    placed = await control.place(ingested, hints)  # no events: the hints as they were
+    assert placed.hints.prompt_tokens == rendering.tokens
+    assert prefill_estimate(placed.hints, home) is None
+    control.resident = lambda ingested, key: {home: 100}  # type: ignore[method-assign]
+    placed = await control.place(ingested, hints)
+    assert placed.hints.prompt_tokens == round(rendering.tokens * 1.5)
+    assert prefill_estimate(placed.hints, home) == round(rendering.tokens * 1.5) - 100
