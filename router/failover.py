@@ -23,7 +23,6 @@ from router.inputs import RouteHints
 from router.policies import NoHealthyReplica, RoutingPolicy
 from router.pool import ReplicaPool
 from router.replica import Replica
-from router.session_route import prefill_estimate
 from router.telemetry import FAILOVER_RETRIES
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,7 @@ async def with_failover(
     The replica's in-flight count covers the whole attempt, so the attempt should finish
     streaming before it returns. Every outcome is reported to the pool. Raises the last
     `UpstreamFailed` when attempts or replicas run out (NoHealthyReplica if none was tried).
-    ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt;
-    with the KV events' figures in them, the attempt's prefill counts as its replica's
-    backlog until it returns (``Replica.track``, ``prefill_estimate``).
+    ``hints`` (prompt size, cached prefix, shared prefix) go to the policy on every attempt.
     ``streamed``: `attempt` returns a reply still being read (its first chunk in hand); its
     success is not reported here but by `reading_reply` around the rest of it.
     """
@@ -78,8 +75,7 @@ async def with_failover(
             FAILOVER_RETRIES.inc()
         tried.append(replica.url)
         try:
-            prefill = prefill_estimate(hints, replica.url) if hints is not None else None
-            with replica.track(prefill):
+            with replica.track():
                 result = await attempt(replica)
         except UpstreamFailed as exc:
             _report_failed(pool, replica, exc)

@@ -29,9 +29,9 @@ class Replica:
     probed_at: float | None = None
     served_at: float | None = None
     in_flight: int = 0
-    # Of those, the requests whose prefill this gateway sized (``started(prefill_tokens)``)
-    # and has not seen answered yet, and their prompt tokens the replica does not hold:
-    # the prefill work it sent there that is still ahead of a new request.
+    # Of those, the requests whose prefill this gateway sized and whose first chunk is not
+    # in yet, and their prompt tokens the replica does not hold: the prefill work it sent
+    # there that is still ahead of a new request (``prefill``).
     prefilling: int = 0
     prefill_backlog_tokens: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -47,34 +47,43 @@ class Replica:
         return scraped + self.in_flight
 
     @contextmanager
-    def track(self, prefill_tokens: int | None = None) -> Iterator[None]:
-        """Count one gateway request against this replica while the block runs, and with
-        ``prefill_tokens`` its prefill as backlog until then (the block ends at the first
-        chunk: ``router.failover.with_failover``). The simulator, whose requests span
-        events, calls ``started``, ``prefilled`` and ``ended`` itself."""
-        self.started(prefill_tokens)
+    def track(self) -> Iterator[None]:
+        """Count one gateway request against this replica while the block runs (the
+        simulator, whose requests span events, calls ``started`` and ``ended`` itself)."""
+        self.started()
         try:
             yield
         finally:
-            if prefill_tokens is not None:
-                self.prefilled(prefill_tokens)
             self.ended()
 
-    def started(self, prefill_tokens: int | None = None) -> None:
-        """A request was sent here; ``prefill_tokens``: the prompt tokens it sends that the
-        replica does not hold, where the gateway knows (``router.session_route.
-        prefill_estimate``), counted as backlog until ``prefilled``."""
+    def started(self) -> None:
+        """A request was sent here."""
         self.in_flight += 1
-        if prefill_tokens is not None:
-            self.prefilling += 1
-            self.prefill_backlog_tokens += prefill_tokens
-
-    def prefilled(self, prefill_tokens: int) -> None:
-        """A request ``started`` with ``prefill_tokens`` got its first token, or failed
-        before it: its prefill is no longer ahead of anyone."""
-        self.prefilling -= 1
-        self.prefill_backlog_tokens -= prefill_tokens
 
     def ended(self) -> None:
         """A request sent here ended (its reply read to its end, or given up)."""
         self.in_flight -= 1
+
+    @contextmanager
+    def prefill(self, tokens: int | None) -> Iterator[None]:
+        """Count ``tokens``, a request's prefill here (``router.session_route.
+        prefill_estimate``; None: not sized), as this replica's backlog while the block
+        runs: from the send until its first chunk is in hand (vLLM streams nothing before
+        the prefill is done), or it failed. The simulator, whose requests span events,
+        calls ``prefill_started`` and ``prefill_ended`` itself."""
+        if tokens is None:
+            yield
+            return
+        self.prefill_started(tokens)
+        try:
+            yield
+        finally:
+            self.prefill_ended(tokens)
+
+    def prefill_started(self, tokens: int) -> None:
+        self.prefilling += 1
+        self.prefill_backlog_tokens += tokens
+
+    def prefill_ended(self, tokens: int) -> None:
+        self.prefilling -= 1
+        self.prefill_backlog_tokens -= tokens

@@ -155,14 +155,16 @@ class SimRouting:
 
     def route(self, routed: Routed) -> Decision:
         """The policy decides; the request counts in flight on its replica, and its prefill
-        there as backlog until its first token (as ``with_failover``'s ``track`` counts it
-        until the first chunk)."""
+        there as backlog until its first token (as the gateway's attempt counts it until
+        the first chunk, ``Replica.prefill``)."""
         decision = run_sync(
             self.policy.choose(routed.tenant, routed.session, self.pool, hints=routed.hints)
         )
         routed.decision = decision
+        decision.replica.started()
         routed.prefill = prefill_estimate(routed.hints, decision.replica.url)
-        decision.replica.started(routed.prefill)
+        if routed.prefill is not None:
+            decision.replica.prefill_started(routed.prefill)
         return decision
 
     def replayed(self, routed: Routed, replica: Replica) -> Decision:
@@ -177,7 +179,7 @@ class SimRouting:
         history."""
         url = routed.replica.url
         if routed.prefill is not None:
-            routed.replica.prefilled(routed.prefill)
+            routed.replica.prefill_ended(routed.prefill)
         if self.admission is not None and routed.admitted is not None:
             routed.admitted = relocate(self.admission, routed.admitted, url, now)
         assign = assignment_write(self.policy, routed.tenant, url, routed.expected)

@@ -239,9 +239,10 @@ async def test_the_gateway_and_the_simulator_route_alike(name: str, tmp_path: Pa
         assert reasons - {"new", "sticky"}, "the script should move a session"
 
 
-def test_the_simulator_counts_a_sized_prefill_until_its_first_token_as_failover_does() -> None:
-    """``with_failover`` counts an attempt's prefill (sized by the KV events' figures) on its
-    replica until the first chunk; the simulator's path counts it until the first token."""
+def test_the_simulator_counts_a_sized_prefill_until_its_first_token() -> None:
+    """The gateway's attempt counts its prefill (sized by the KV events' figures) on its
+    replica until the first chunk (``Replica.prefill``); the simulator's path counts it
+    until the first token."""
     assignments = MemoryAssignments()
     policy = make_policy("sticky_cost", assignments=assignments, cost=get_preset("cpu-tiny"))
     replicas = pool()

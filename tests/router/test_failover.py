@@ -10,7 +10,6 @@ from router import (
     NoHealthyReplica,
     Replica,
     ReplicaPool,
-    RouteHints,
     UpstreamFailed,
     make_policy,
     reading_reply,
@@ -223,35 +222,3 @@ def test_reading_reply_reports_its_outcome_when_the_reply_ends() -> None:
     with pytest.raises(UpstreamFailed), reading_reply(pool, replica):
         raise UpstreamFailed("bad request", retryable=False, status=400)  # the request's fault
     assert replica.breaker.failures_in_a_row == 0
-
-
-async def test_an_attempt_counts_its_sized_prefill_on_its_replica_until_it_returns() -> None:
-    pool = ReplicaPool(["http://a:1"])
-    replica = pool.replicas[0]
-    replica.healthy = True
-    seen: list[tuple[int, int, int]] = []
-
-    async def attempt(r: Replica) -> None:
-        seen.append((r.in_flight, r.prefilling, r.prefill_backlog_tokens))
-
-    # The KV events say the replica holds 3,000 of the session's 5,000 prompt tokens.
-    hints = RouteHints(prompt_tokens=5000, resident_tokens={"http://a:1": 3000})
-    await with_failover(make_policy("round_robin"), pool, "t", "s", attempt, hints=hints)
-    # Without the events nothing is sized: only the in-flight count moves.
-    await with_failover(make_policy("round_robin"), pool, "t", "s", attempt, hints=RouteHints())
-    assert seen == [(1, 1, 2000), (1, 0, 0)]
-    assert (replica.in_flight, replica.prefilling, replica.prefill_backlog_tokens) == (0, 0, 0)
-
-
-async def test_a_failed_attempt_takes_its_prefill_off_the_backlog() -> None:
-    pool = ReplicaPool(["http://a:1"])
-    replica = pool.replicas[0]
-    replica.healthy = True
-
-    async def attempt(r: Replica) -> None:
-        raise UpstreamFailed("down", retryable=False)
-
-    hints = RouteHints(prompt_tokens=5000, resident_tokens={})
-    with pytest.raises(UpstreamFailed):
-        await with_failover(make_policy("round_robin"), pool, "t", "s", attempt, hints=hints)
-    assert (replica.prefilling, replica.prefill_backlog_tokens) == (0, 0)

@@ -179,11 +179,24 @@ async def test_sticky_cost_weighs_the_sized_prefill_queued_not_the_count(
     assert (await policy.choose("t", "s", pool, hints=hints)).replica is a
     # ...unless this gateway sent it and sized it: the re-prefill of another session's
     # 6,000 tokens (~6 s) is ahead of it on a, and moving costs its own ~2 s.
-    a.started(6000)
-    moved = await policy.choose("t", "s", pool, hints=hints)
+    a.started()
+    with a.prefill(6000):
+        moved = await policy.choose("t", "s", pool, hints=hints)
     assert (moved.replica, moved.reason) == (b, "queue_cost")
-    a.prefilled(6000)
     a.ended()
+
+
+def test_a_replica_counts_a_sized_prefill_while_its_block_runs() -> None:
+    (replica,) = static_pool([0]).replicas
+    with replica.prefill(2000):
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (1, 2000)
+        with pytest.raises(RuntimeError), replica.prefill(500):
+            assert replica.prefill_backlog_tokens == 2500
+            raise RuntimeError("the upstream failed before its first chunk")
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (1, 2000)
+    with replica.prefill(None):  # not sized (no KV events): nothing counted
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (0, 0)
+    assert (replica.prefilling, replica.prefill_backlog_tokens, replica.in_flight) == (0, 0, 0)
 
 
 async def test_sticky_cost_hysteresis_stops_a_session_bouncing(
