@@ -15,6 +15,7 @@ and split into SSE lines, no per-line timeout), ``aiohttp-lines`` (read line by 
 ``httpx.AsyncClient``, the same chunk reading).
 
     .venv/bin/python bench/relay.py --port 8300 --upstream http://127.0.0.1:8100
+        [--upstream http://127.0.0.1:8101 ...]
         [--http httptools|h11] [--loop uvloop|asyncio]
         [--client foldgate|aiohttp-chunks|aiohttp-lines|httpx]
 """
@@ -22,8 +23,9 @@ and split into SSE lines, no per-line timeout), ``aiohttp-lines`` (read line by 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -138,10 +140,11 @@ def make_client(name: str) -> ChunkClient:
 
 
 class PlainRelay:
-    """ASGI app: POST /v1/chat/completions relayed to ``upstream``; GET /health."""
+    """ASGI app: POST /v1/chat/completions relayed to the ``upstreams`` in turn (one request
+    each, round-robin); GET /health."""
 
-    def __init__(self, upstream: str, client: ChunkClient) -> None:
-        self.upstream = upstream
+    def __init__(self, upstreams: Sequence[str], client: ChunkClient) -> None:
+        self.upstreams = itertools.cycle(upstreams)
         self.client = client
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -163,7 +166,7 @@ class PlainRelay:
                 break
         body = orjson.loads(raw)
         started = False
-        async for chunk in self.client.chunks(self.upstream, body):
+        async for chunk in self.client.chunks(next(self.upstreams), body):
             if not started:
                 await send({"type": "http.response.start", "status": 200, "headers": SSE})
                 started = True
@@ -177,13 +180,18 @@ class PlainRelay:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="base URL of the upstream")
+    parser.add_argument(
+        "--upstream",
+        required=True,
+        action="append",
+        help="base URL of an upstream; several: round-robin, a request each",
+    )
     parser.add_argument("--http", choices=("httptools", "h11"), default="httptools")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--client", choices=CLIENTS, default="foldgate")
     args = parser.parse_args()
     uvicorn.run(
-        PlainRelay(args.upstream.rstrip("/"), make_client(args.client)),
+        PlainRelay([u.rstrip("/") for u in args.upstream], make_client(args.client)),
         host="127.0.0.1",
         port=args.port,
         http=args.http,

@@ -7,6 +7,11 @@ ratio. An incremental renderer keeps that ratio near 1; one that re-renders ever
 grows with the history. The cache must survive being rendered from: if a timed render
 mutates it, or repeated renders disagree, the table says so.
 
+The last column is the gateway's context guard (``Renderers.bounded``: the strategy under a
+cliff at ``--budget``, in the gateway's token estimate): request t=late rendered under a
+limit one token lower, from the cache the old limit left, as when a session's calibration
+moves its limit.
+
     .venv/bin/python bench/render.py [PATH ...] [--strategy base,refold,...]
 """
 
@@ -26,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.fold import STRATEGIES, make_renderer
+from gateway.fold.bound import Renderers
 from gateway.fold.renderer import Renderer, step_indices
 from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
 from gateway.transcript import Transcript
@@ -133,6 +139,16 @@ def time_render(
     return statistics.median(samples), "; ".join(problems)
 
 
+def guard_limit_moved(spec: str, requests: Sequence[Transcript], t: int, limit: int) -> float:
+    """Median seconds of the guard's rendering of request ``t`` under ``limit - 1``, from
+    the cache its rendering under ``limit`` left after request t-1."""
+    renderers = Renderers()
+    before = renderers.bounded("bench", spec, None, limit)
+    after = renderers.bounded("bench", spec, None, limit - 1)
+    cache = warm_cache(before, requests, t)
+    return time_render(after, requests[t], cache, (before, after))[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_PATH])
@@ -159,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(requests)} requests; tokenizer {chat.counter.name}"
     )
     table = Table(title="median render time per request, warm cache", title_justify="left")
-    for header in ("strategy", *(f"request {t} (ms)" for t in points), "ratio", "cache check"):
+    late = points[-1]
+    headers = ("strategy", *(f"request {t} (ms)" for t in points), "ratio", "cache check")
+    for header in (*headers, f"request {late}, guard's limit moved (ms)"):
         table.add_column(header, justify="left" if header == "strategy" else "right")
     for spec in args.strategy.split(","):
         try:
@@ -177,7 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes.append(problem)
         ratio = medians[-1] / medians[0] if medians[0] else float("nan")
         note = "; ".join(sorted({n for n in notes if n})) or "ok"
-        table.add_row(spec, *(f"{m * 1000:.3f}" for m in medians), f"{ratio:.1f}x", note)
+        moved = guard_limit_moved(spec, requests, late, args.budget)
+        table.add_row(
+            spec,
+            *(f"{m * 1000:.3f}" for m in medians),
+            f"{ratio:.1f}x",
+            note,
+            f"{moved * 1000:.3f}",
+        )
     console.print(table)
     return 0
 

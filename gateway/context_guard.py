@@ -34,8 +34,10 @@ the rendered messages, the unit the cliff counts in:
 - ``MARGIN``: one new tool output of dense text (JSON, base64, CJK: 2-3 bytes per token
   against ~4) can raise a prompt's ratio by several percent between two replies.
 
-A new threshold makes the session's cliff evaluate its history again (a replay of its
-request points), which may move its cut (a prefix-cache miss). So the ratio is rounded up
+A new threshold that some request point of the session came above, before or now, makes
+its cliff evaluate the history again (a replay of its request points), which may move its
+cut (a prefix-cache miss); where none did, the cliff's state carries over as it is and the
+strategy's renderings with it (``Cliff.carried``: no replay). So the ratio is rounded up
 to steps of ``RATIO_STEP`` and follows a new reading at once only upwards (downwards only
 by more than two steps), and once the session has compacted its threshold only goes down,
 and only when the window, the ratio or the tools call for it (never for a reply size that

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 
 from gateway.fold.cliff import Cliff
+from gateway.fold.compose import Composed
 from gateway.fold.renderer import Rendered, Renderer
 from gateway.fold.spec import StrategySpec, make_renderer, parse_spec
 from gateway.lru import LRU
@@ -46,6 +47,11 @@ class Renderers:
 
     ``fold`` (ReFold's fold mode) only keys a spec that takes it, ``limit`` only one that
     needs a budget. Building raises a ValueError for a bad spec, mode or limit.
+
+    A spec whose cliff is outermost and alone needs the limit is built over the one
+    renderer of the rest of the spec, whatever the limit: a session whose limit moves
+    (the context guard's calibration) keeps its inner renderings, and its cliff's state
+    where another limit decides the same (``Composed``, ``Cliff.carried``).
     """
 
     def __init__(self, k: int = 3, max_size: int = BUILT_RENDERERS) -> None:
@@ -62,9 +68,20 @@ class Renderers:
         key: Hashable = (tenant, spec, mode, limit)
         renderer = self._built.get(key)
         if renderer is None:
-            renderer = make_renderer(spec, k=self.k, budget=limit, fold=mode)
+            renderer = self._build(tenant, spec, mode, limit)
             self._built.put(key, renderer)
         return renderer
+
+    def _build(
+        self, tenant: str, spec: StrategySpec, mode: str | None, limit: int | None
+    ) -> Renderer:
+        inner = spec.without_outer()
+        if limit is None or spec.outermost != "cliff" or inner is None:
+            return make_renderer(spec, k=self.k, budget=limit, fold=mode)
+        if any(s.needs_budget for s in inner.strategies):
+            return make_renderer(spec, k=self.k, budget=limit, fold=mode)
+        cliff = make_renderer("cliff", k=self.k, budget=limit)
+        return Composed(self.get(tenant, inner, mode, None), cliff)
 
     def bounded(
         self, tenant: str, spec: str | StrategySpec, fold: str | None, limit: int

@@ -82,6 +82,9 @@ class _State:
     rung: int  # ladder rung that produced the summary (0: none yet)
     recent_turns: tuple[int, ...]  # the last keep_turns assistant indices in [head, pos)
     summarised_tokens: int = 0  # tokens of messages[head:cut], which the summary stands for
+    # The largest total any request point up to pos came to, before a compaction there:
+    # whether another threshold would have decided the same (``Cliff.carried``).
+    peak_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,7 @@ class Cliff(Renderer):
         self._hard_caps = Caps(
             _lower(assistant_cap, hard_thought_cap), _lower(thinking_cap, hard_thought_cap)
         )
-        # A cache made under other parameters is not reused.
+        # A cache made under other parameters is not reused (but see ``carried``).
         self._config: tuple[Any, ...] = (
             threshold,
             keep_turns,
@@ -189,6 +192,22 @@ class Cliff(Renderer):
             context.messages, cache, follow=True, source=source
         )
         return self._rendered(context, new_cache, head_tokens, final, final.compactions)
+
+    def carried(self, cache: Any) -> Any:
+        """``cache``, made by a cliff that differs from this one in its threshold alone, as
+        this cliff would have made it over the same calls; None where it might differ.
+
+        Where no request point the cache evaluated came above either threshold, neither
+        cliff tried a compaction anywhere, and nothing else it keeps depends on the
+        threshold: the states are the same. The context guard gives a session a new
+        threshold whenever its calibration moves, which would otherwise evaluate the
+        whole history again (``Composed``): tens of milliseconds late in a long session,
+        for a session still far from its window."""
+        if not isinstance(cache, _Cache) or cache.config[1:] != self._config[1:]:
+            return None
+        if cache.final.peak_tokens > min(cache.config[0], self.threshold):
+            return None
+        return replace(cache, config=self._config)
 
     def compact_for_overflow(
         self,
@@ -296,13 +315,16 @@ class Cliff(Renderer):
         turns = state.recent_turns + tuple(
             state.pos + i for i, m in enumerate(new) if m.role == "assistant"
         )
+        kept = state.kept_tokens + sum(self.count_tokens(m) for m in new)
+        total = head_tokens + state.summary_tokens + kept
         state = replace(
             state,
             pos=p,
-            kept_tokens=state.kept_tokens + sum(self.count_tokens(m) for m in new),
+            kept_tokens=kept,
             recent_turns=turns[-self.keep_turns :],
+            peak_tokens=max(state.peak_tokens, total),
         )
-        if head_tokens + state.summary_tokens + state.kept_tokens <= self.threshold:
+        if total <= self.threshold:
             return state
         return self._adopt(state, self._compact(messages, source, head, head_tokens, state))
 

@@ -56,6 +56,10 @@ class Follower(Protocol):
         self, context: Transcript, cache: Any = None, source: Sequence[Message] = ()
     ) -> Rendered: ...
 
+    def carried(self, cache: Any) -> Any:
+        """A cache another outer of its kind made, as this one would have made it; None
+        where it might differ (see ``Cliff.carried``)."""
+
     def compact_for_overflow(
         self,
         history: Transcript,
@@ -71,7 +75,7 @@ class Follower(Protocol):
 class _Points:
     """A following composition's cache: both caches as of the last request point."""
 
-    owner: Composed  # the composition that made it: its outer's cache means nothing to another
+    owner: Composed  # the composition that made it: another takes it only as ``carried``
     history: tuple[Message, ...]  # the history of that point
     inner: Any
     outer: Any
@@ -129,14 +133,18 @@ class Composed(Renderer):
         """The inner's rendering of ``history`` and the outer's cache as of the request
         point before it: the outer follows the inner at every point ``cache`` has not seen."""
         messages = history.messages
-        if (
-            isinstance(cache, _Points)
-            and cache.owner is self
-            and messages[: len(cache.history)] == cache.history
-        ):
-            inner_cache, outer_cache, start = cache.inner, cache.outer, len(cache.history) + 1
-        else:
-            inner_cache, outer_cache, start = None, None, 0
+        inner_cache, outer_cache, start = None, None, 0
+        if isinstance(cache, _Points) and messages[: len(cache.history)] == cache.history:
+            if cache.owner is self:
+                inner_cache, outer_cache = cache.inner, cache.outer
+                start = len(cache.history) + 1
+            elif cache.owner.inner is self.inner and type(cache.owner.outer) is type(outer):
+                # Another outer over the same inner (the guard's new threshold): the inner's
+                # renderings stand; the outer's state carries over where it is the same.
+                carried = outer.carried(cache.outer)
+                if carried is not None:
+                    inner_cache, outer_cache = cache.inner, carried
+                    start = len(cache.history) + 1
         for point in range(start, len(messages)):
             if messages[point].role != "assistant":
                 continue

@@ -34,7 +34,10 @@ MIN_ID_CHARS = 8
 # Words are split at blanks, quotes, brackets and punctuation that does not occur in paths
 # (one linear pass); a path has a slash and a file extension: src/app/models.py.
 _WORD_BREAK = re.compile(r"[\s'\"`()\[\]{}<>,;:=|&]+")
-_ID_BREAK = re.compile(r"[^\w-]+")
+# A word that may be a call id: a whole run of word characters and dashes, long enough.
+_ID_WORD = re.compile(rf"[\w-]{{{MIN_ID_CHARS},}}")
+_ASCII_DIGIT = re.compile(r"[0-9]")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
 _EXTENSION = re.compile(r"[\w-][\w.-]*\.[A-Za-z]\w*")
 # A quoted fragment: between backticks or double quotes on one line; each scan stops at the
 # next quote, so the pass is linear.
@@ -91,20 +94,20 @@ def said(message: Message) -> Said | None:
     }
     for found in _FRAGMENT.finditer(text):
         lines.add((found.group(1) or found.group(2)).strip())
-    ids = frozenset(w for w in _ID_BREAK.split(text) if _looks_like_id(w))
+    ids = frozenset(w for w in _ID_WORD.findall(text) if _mixes_letters_and_digits(w))
     paths = _path_keys(_paths(text))
     if not lines and not paths and not ids:
         return None
     return Said(frozenset(lines), paths, ids)
 
 
-def _looks_like_id(word: str) -> bool:
-    """Harnesses' call ids are long and mix letters and digits (``toolu_01A…``, ``call_9x…``)."""
-    return (
-        len(word) >= MIN_ID_CHARS
-        and any(ch.isdigit() for ch in word)
-        and any(ch.isalpha() for ch in word)
-    )
+def _mixes_letters_and_digits(word: str) -> bool:
+    """Harnesses' call ids mix letters and digits (``toolu_01A…``, ``call_9x…``), as
+    ``str.isdigit`` and ``str.isalpha`` class characters. An ASCII word (nearly every one)
+    is searched in C instead of character by character."""
+    if word.isascii():
+        return bool(_ASCII_DIGIT.search(word)) and bool(_ASCII_LETTER.search(word))
+    return any(ch.isdigit() for ch in word) and any(ch.isalpha() for ch in word)
 
 
 def anchors(output: str, call_arguments: str = "", call_id: str | None = None) -> Anchors:

@@ -48,6 +48,10 @@ class StrategySpec:
     def outermost(self) -> str:
         return self.parts[-1]
 
+    def without_outer(self) -> StrategySpec | None:
+        """This spec without its outermost part; None for a single strategy."""
+        return StrategySpec(self.parts[:-1]) if len(self.parts) > 1 else None
+
     def with_outer(self, name: str) -> StrategySpec:
         """This spec with ``name`` applied last (itself when ``name`` already is)."""
         return self if self.outermost == name else StrategySpec((*self.parts, name))

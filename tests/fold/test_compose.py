@@ -264,3 +264,80 @@ def test_following_cache_gives_the_same_rendering_as_no_cache(
         cold = composed.render(request)
         assert warm.transcript == cold.transcript
         assert warm.stats == cold.stats
+
+
+# -- a new threshold over the same inner (the context guard's calibration) ----------------
+
+
+class CountedShrink(ShrinkOld):
+    """``ShrinkOld`` that counts its renders."""
+
+    def __init__(self) -> None:
+        super().__init__(keep=2)
+        self.renders = 0
+
+    def render(self, history: Transcript, state: Any = None, cache: Any = None) -> Rendered:
+        self.renders += 1
+        return super().render(history, state, cache)
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories(), st.lists(st.integers(200, 3_000), min_size=1, max_size=4), st.data())
+def test_a_new_threshold_renders_as_that_threshold_from_the_start(
+    history: Transcript, thresholds: list[int], data: st.DataObject
+) -> None:
+    # The session's renderer changes at some requests, each time to a cliff at another
+    # threshold over the same inner; every request still renders exactly as the cliff at
+    # its threshold renders it from no cache (a whole replay).
+    inner = ShrinkOld(keep=2)
+    outers = [Composed(inner, Cliff(t, keep_turns=2, count_tokens=chars)) for t in thresholds]
+    cache = None
+    for request in requests(history):
+        renderer = outers[data.draw(st.integers(0, len(outers) - 1))]
+        warm = renderer.render(request, cache=cache)
+        cold = renderer.render(request)
+        assert warm.transcript == cold.transcript
+        assert warm.stats == cold.stats
+        cache = warm.cache
+
+
+def test_a_new_threshold_no_point_came_near_keeps_the_renderings() -> None:
+    inner = CountedShrink()
+    history = tool_history(*OUTPUTS)  # ~6k characters at its end
+    first = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
+    cache = None
+    for request in requests(history)[:-1]:
+        cache = first.render(request, cache=cache).cache
+    inner.renders = 0
+    second = Composed(inner, Cliff(50_000, keep_turns=2, count_tokens=chars))
+    second.render(requests(history)[-1], cache=cache)
+    assert inner.renders == 1  # the request alone, as under the same threshold: no replay
+
+
+def test_a_new_threshold_a_point_came_above_replays_the_history() -> None:
+    inner = CountedShrink()
+    history = tool_history(*OUTPUTS)
+    first = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
+    cache = None
+    for request in requests(history)[:-1]:
+        cache = first.render(request, cache=cache).cache
+    inner.renders = 0
+    # Lower than what the history came to: the new cliff would have compacted earlier.
+    second = Composed(inner, Cliff(3_000, keep_turns=2, count_tokens=chars))
+    rendered = second.render(requests(history)[-1], cache=cache)
+    assert inner.renders == len(OUTPUTS) + 1  # every request point again
+    assert rendered.stats.compactions > 0
+
+
+def test_a_higher_threshold_after_a_compaction_renders_as_that_threshold() -> None:
+    # The lower cliff compacted; the higher one, which never would have, replays.
+    inner = ShrinkOld(keep=2)
+    history = tool_history(*OUTPUTS)
+    low = Composed(inner, Cliff(3_000, keep_turns=2, count_tokens=chars))
+    cache = None
+    for request in requests(history)[:-1]:
+        cache = low.render(request, cache=cache).cache
+    high = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
+    warm = high.render(requests(history)[-1], cache=cache)
+    assert warm.stats.compactions == 0
+    assert warm.transcript == high.render(requests(history)[-1]).transcript

@@ -11,7 +11,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.fold.references import QUOTE_CHARS, anchors, said
+from gateway.fold.references import MIN_ID_CHARS, QUOTE_CHARS, anchors, said
 from gateway.fold.spans import line_code
 from gateway.transcript import Message, Text, ToolCall
 
@@ -22,6 +22,7 @@ PIECES = [
     *("`", '"', "'", "(", ")", "[", "]", "{", "}", "<", ">", ",", ";", ":", "=", "|", "&"),
     *("def value(self):", "return result + 1", "call_9abc1234", "toolu_01Aabc", "-", "_"),
     *("a quoted line that is long enough to count", "é", "\u2028", "\x0c"),
+    *("ab12", "ｘ９", "①", "Ⅻ", "ß", "٣٣٣٣", "x" * MIN_ID_CHARS, "7" * MIN_ID_CHARS),
 ]
 texts = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
 
@@ -46,6 +47,16 @@ def paths_of(text: str) -> list[str]:
         if "/" in word and _EXTENSION.fullmatch(word.rsplit("/", 1)[1]):
             out.append(word)
     return out
+
+
+def ids_of(text: str) -> frozenset[str]:
+    """Every word (a run of word characters and dashes) long enough to be an id, with a
+    letter and a digit in it, as ``str`` classes them."""
+    return frozenset(
+        w
+        for w in re.split(r"[^\w-]+", text)
+        if len(w) >= MIN_ID_CHARS and any(c.isdigit() for c in w) and any(c.isalpha() for c in w)
+    )
 
 
 def keys(paths: list[str]) -> frozenset[str]:
@@ -79,3 +90,13 @@ def test_words_hold_the_paths_anywhere_in_the_text_and_the_arguments(text: str, 
     joined = "\n".join(t for t in (text, cmd) if t)
     expected = keys(paths_of(joined))
     assert (words.paths if words is not None else frozenset()) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts, texts)
+@example("call_9abc1234 toolu_01Aabc x" + "²" * MIN_ID_CHARS + " ٣٣٣٣abcd", "")
+def test_words_hold_every_id_like_word_of_the_text_and_the_arguments(text: str, cmd: str) -> None:
+    call = ToolCall("c1", "bash", json.dumps({"cmd": cmd}))
+    words = said(Message("assistant", (Text(text), call)))
+    joined = "\n".join(t for t in (text, cmd) if t)
+    assert (words.ids if words is not None else frozenset()) == ids_of(joined)

@@ -117,3 +117,18 @@ def test_built_renderers_are_kept_per_tenant() -> None:
     theirs = renderers.get("globex", "refold+cliff", "auto", 4_000)
     assert theirs is not mine
     assert renderers.bounded("globex", "refold", "auto", 4_000) is theirs
+
+
+def test_a_bounded_spec_shares_its_inner_renderer_across_limits() -> None:
+    # A session whose guard limit moves keeps its inner renderings (compose's carried).
+    renderers = Renderers()
+    first = renderers.bounded("acme", "refold", "auto", 4_000)
+    second = renderers.bounded("acme", "refold", "auto", 3_000)
+    assert isinstance(first, Composed) and isinstance(second, Composed)
+    assert first.inner is second.inner is renderers.get("acme", "refold", "auto", None)
+    assert (first.outer.threshold, second.outer.threshold) == (4_000, 3_000)
+    # A cliff inside needs the limit too: nothing is shared.
+    inner_cliff = renderers.get("acme", "cliff+refold+cliff", "auto", 4_000)
+    other = renderers.get("acme", "cliff+refold+cliff", "auto", 3_000)
+    assert isinstance(inner_cliff, Composed) and isinstance(other, Composed)
+    assert inner_cliff.inner is not other.inner
