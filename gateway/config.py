@@ -187,7 +187,10 @@ class GatewayConfig:
     """Longest one reservation lasts; a session idle past its reservation releases it."""
     kv_events: bool = False
     """Subscribe to the replicas' vLLM KV events (ZMQ, ``--kv-events-config``) to know which
-    of a session's blocks each replica still holds (``router.kv_events``)."""
+    of a session's blocks each replica still holds (``router.kv_events``). With them every
+    request's prefill is sized (its prompt less what its replica holds) and counted on the
+    replica until its first chunk: ``sticky_cost``'s queue wait weighs that backlog instead
+    of counting queued requests alike."""
     kv_events_port_offset: int = 1000
     """A replica at ``http://host:port`` publishes its KV events on ``tcp://host:port+offset``."""
     kv_offload_bytes: int = 0

@@ -54,6 +54,10 @@ class Candidate:
     kv_usage: float | None
     bound_sessions: int
     kv_pool_tokens: int | None = None  # scraped (vllm:cache_config_info); None: unknown
+    # This gateway's requests there awaiting their first token whose prefill it sized, and
+    # that prefill's tokens (``Replica.prefilling``, ``prefill_backlog_tokens``).
+    prefilling: int = 0
+    prefill_backlog_tokens: int = 0
 
     @property
     def load(self) -> float:
@@ -78,6 +82,8 @@ def snapshot(replica: Replica, bound_sessions: int = 0) -> Candidate:
         kv_usage=m.kv_cache_usage if m is not None else None,
         bound_sessions=bound_sessions,
         kv_pool_tokens=m.kv_pool_tokens if m is not None else None,
+        prefilling=replica.prefilling,
+        prefill_backlog_tokens=replica.prefill_backlog_tokens,
     )
 
 

@@ -29,6 +29,11 @@ class Replica:
     probed_at: float | None = None
     served_at: float | None = None
     in_flight: int = 0
+    # Of those, the requests whose prefill this gateway sized and whose first chunk is not
+    # in yet, and their prompt tokens the replica does not hold: the prefill work it sent
+    # there that is still ahead of a new request (``prefill``).
+    prefilling: int = 0
+    prefill_backlog_tokens: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
@@ -58,3 +63,27 @@ class Replica:
     def ended(self) -> None:
         """A request sent here ended (its reply read to its end, or given up)."""
         self.in_flight -= 1
+
+    @contextmanager
+    def prefill(self, tokens: int | None) -> Iterator[None]:
+        """Count ``tokens``, a request's prefill here (``router.session_route.
+        prefill_estimate``; None: not sized), as this replica's backlog while the block
+        runs: from the send until its first chunk is in hand (vLLM streams nothing before
+        the prefill is done), or it failed. The simulator, whose requests span events,
+        calls ``prefill_started`` and ``prefill_ended`` itself."""
+        if tokens is None:
+            yield
+            return
+        self.prefill_started(tokens)
+        try:
+            yield
+        finally:
+            self.prefill_ended(tokens)
+
+    def prefill_started(self, tokens: int) -> None:
+        self.prefilling += 1
+        self.prefill_backlog_tokens += tokens
+
+    def prefill_ended(self, tokens: int) -> None:
+        self.prefilling -= 1
+        self.prefill_backlog_tokens -= tokens

@@ -118,6 +118,15 @@ def with_resident(
     return hints
 
 
+def prefill_estimate(hints: RouteHints, replica: str) -> int | None:
+    """The prompt tokens a request sends to ``replica`` that it does not hold: the prompt
+    less what the KV events say the replica holds of the session's last prefix; None
+    without the events (what a replica still holds is not known then)."""
+    if hints.resident_tokens is None:
+        return None
+    return max(0, hints.prompt_tokens - hints.resident_tokens.get(replica, 0))
+
+
 def session_warm(
     home: str | None,
     last_prompt_tokens: int | None,

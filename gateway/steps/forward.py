@@ -35,6 +35,7 @@ from gateway.transcript import Transcript
 from gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from router import ReplicaPool, RouteHints, RoutingPolicy, with_failover
 from router.replica import Replica
+from router.session_route import prefill_estimate
 
 _CONTEXT_TOO_LONG = re.compile(
     r"maximum context length|maximum model length|context length|prompt is too long", re.I
@@ -149,8 +150,12 @@ class Forward:
         rendered prompt's size, the session's assignment) go to the policy."""
 
         async def attempt(replica: Replica) -> tuple[Replica, ChatStream]:
+            # With the KV events in the hints, the prefill it sends counts on the replica
+            # until the first chunk (``sticky_cost``'s queue wait weighs that backlog).
+            sized = prefill_estimate(hints, replica.url) if hints is not None else None
             try:
-                stream = await self.upstream.open_chat_stream(replica.url, body)
+                with replica.prefill(sized):
+                    stream = await self.upstream.open_chat_stream(replica.url, body)
             except UpstreamError as exc:
                 metrics.UPSTREAM_ERRORS.labels(kind=str(exc.status)).inc()
                 raise

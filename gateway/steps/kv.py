@@ -137,6 +137,12 @@ class KvControl:
         home = ingested.found.assignment
         last = ingested.found.counts.get(LAST_PROMPT)
         resident = self.resident(ingested, key)
+        tokens = replica_tokens(ingested, hints)
+        if resident is not None:
+            # The events count the replica's tokens: so does the prompt they are taken
+            # from (what the request prefills there, ``router.session_route.
+            # prefill_estimate``).
+            hints = replace(hints, prompt_tokens=tokens)
         hints = with_resident(hints, home, resident)
         gate = self.gate
         holds = (
@@ -147,9 +153,7 @@ class KvControl:
         warm = session_warm(home, last, resident, holds)
         ticket = None
         if self.gate is not None:
-            ticket = await self.gate.admit(
-                ingested.tenant, ingested.session, home, replica_tokens(ingested, hints)
-            )
+            ticket = await self.gate.admit(ingested.tenant, ingested.session, home, tokens)
             request = ticket.request
             if request is not None and binds_placement(request, ticket.outcome):
                 hints = replace(hints, admitted=request.replica)  # where its set counted it

@@ -103,6 +103,13 @@ from router.registry import ADMISSIONS
     "(the gateway's pause_reservation).",
 )
 @click.option(
+    "--log-requests",
+    is_flag=True,
+    help="Write requests.jsonl to --out: every measured request of every cell (session, "
+    "step, replica, the routing reason and any move, its times from send to first token, "
+    "prompt, prefix hit, priority), to read where a tail latency comes from.",
+)
+@click.option(
     "--strategy",
     "strategies",
     default="base,refold",
@@ -216,6 +223,7 @@ def simulate_command(
     kv_events: bool,
     admission_max_wait_s: float,
     pause_reservation: bool,
+    log_requests: bool,
     strategies: str,
     duration: float,
     warmup: float,
@@ -267,6 +275,7 @@ def simulate_command(
             think_sigma=think_sigma, seed=seed, admission=admission, priority=priority,
             kv_events=kv_events, sessions=sessions, shuffle=sessions is None,
             admission_max_wait_s=admission_max_wait_s, pause_reservation=pause_reservation,
+            log_requests=log_requests,
         )  # fmt: skip
         replay_config = ReplayConfig(
             strategies=comma_list(strategies), k=k, budget=budget, block_size=cost.block_size

@@ -33,7 +33,7 @@ import numpy as np
 from gateway.config import GatewayConfig
 from offline.sim.assignments import MemoryAssignments
 from offline.sim.engine import SimReplica, SimRequest
-from offline.sim.result import CellResult
+from offline.sim.result import CellResult, RequestRecord
 from offline.sim.routing import Routed, SimRouting
 from offline.sim.workload import SIM_TENANT, Workload
 from router import ReplicaMetrics, ReplicaPool, make_policy
@@ -81,6 +81,8 @@ class SimConfig:
     # With ``admission``: the gateway's ``admission_max_wait_s`` and ``pause_reservation``.
     admission_max_wait_s: float = ADMISSION_MAX_WAIT_S
     pause_reservation: bool = True
+    # Keep every measured request's record (``CellResult.request_log``).
+    log_requests: bool = False
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.arrival_rate is None):
@@ -451,13 +453,16 @@ class _Cluster:
             measured = (req.prompt_tokens - req.cached_tokens, req.first_token - req.sent)
         run = self.workload.runs[(s.trajectory, config.strategy)]
         pausing = not run.steps[s.step].ends_turn
-        self.routing.ended(self.routed.pop(req.session), now, measured, pausing=pausing)
+        routed = self.routed.pop(req.session)
+        self.routing.ended(routed, now, measured, pausing=pausing)
         self.last_finish = now
         if req.sent >= config.warmup_s:
             result.requests += 1
             assert req.first_scheduled is not None and req.first_token is not None
             result.queue_s.append(req.first_scheduled - req.arrival)
             result.ttft_s.append(req.first_token - req.sent)
+            if config.log_requests:
+                result.request_log.append(_record(req, s, routed, now))
         s.step += 1
         if s.step < len(run.steps):
             think = self.think(s.rng)
@@ -492,6 +497,30 @@ class _Cluster:
         self.start_session(now)
         assert self.config.arrival_rate is not None
         self.push(now + self.arrivals.expovariate(self.config.arrival_rate), _ARRIVE)
+
+
+def _record(req: SimRequest, s: _Session, routed: Routed, now: float) -> RequestRecord:
+    """A finished request's record (it is the session's ``s.step``-th)."""
+    assert req.first_scheduled is not None and req.first_token is not None
+    decision = routed.decision
+    return RequestRecord(
+        session=s.index,
+        step=s.step,
+        trajectory=s.trajectory,
+        replica=req.replica,
+        reason=decision.reason if decision is not None else "",
+        moved_from=decision.moved_from if decision is not None else None,
+        sent=req.sent,
+        arrival=req.arrival,
+        first_scheduled=req.first_scheduled,
+        first_token=req.first_token,
+        finished=now,
+        prompt_tokens=req.prompt_tokens,
+        cached_tokens=req.cached_tokens or 0,
+        output_tokens=req.output_tokens,
+        preemptions=req.preemptions,
+        priority=req.priority,
+    )
 
 
 def session_order(workload: Workload, seed: int, *, shuffle: bool = True) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,9 @@ def write_outputs(
     extra: str = "",
 ) -> list[Path]:
     """Write results.csv, results.json, report.md (with ``extra`` markdown after the
-    table's notes) and plots into ``out``."""
+    table's notes) and plots into ``out``; and requests.jsonl, one line per measured request
+    of every cell (``RequestRecord`` with the cell's policy, strategy and load), where the
+    cells kept them."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [r.summary() for r in results]
     written = []
@@ -81,6 +84,14 @@ def write_outputs(
         )
     )
     written.append(json_path)
+    if any(r.request_log for r in results):
+        log_path = out / "requests.jsonl"
+        with log_path.open("w") as f:
+            for r in results:
+                cell = {"policy": r.policy, "strategy": r.strategy, "load": r.load}
+                for record in r.request_log:
+                    f.write(json.dumps({**cell, **asdict(record)}) + "\n")
+        written.append(log_path)
     md_path = out / "report.md"
     setup_lines = "\n".join(f"- {k}: {v}" for k, v in setup.items())
     md_path.write_text(

@@ -8,6 +8,35 @@ from typing import Any
 import numpy as np
 
 
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One measured request, as the simulator served it (``SimConfig.log_requests``): its
+    session and step, where it went and why (the decision's ``reason``, the replica it moved
+    from), its times in simulated seconds (sent by the client; arrived at the engine after
+    any admission wait and the serving path's latency; first scheduled; first token;
+    finished), its prompt, the prefix-cache hit at its admission, its output, how often it
+    was preempted and its vLLM priority. Where a tail latency comes from is read off these:
+    a cold start (step 0), a re-prefill (``cached_tokens`` short of the session's last
+    prompt), a move, queueing (``first_scheduled - arrival``), or the gateway's wait."""
+
+    session: int
+    step: int
+    trajectory: str
+    replica: int
+    reason: str
+    moved_from: str | None
+    sent: float
+    arrival: float
+    first_scheduled: float
+    first_token: float
+    finished: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    preemptions: int
+    priority: int
+
+
 @dataclass(slots=True)
 class CellResult:
     """One (policy, strategy, load) cell, measured over [warmup, duration)."""
@@ -29,6 +58,8 @@ class CellResult:
     kv_max: list[float] = field(default_factory=list)
     # Each measured request's wait at the gateway's admission seam (0 when admitted at once).
     admission_wait_s: list[float] = field(default_factory=list)
+    # Each measured request, in the order they finished (``SimConfig.log_requests``).
+    request_log: list[RequestRecord] = field(default_factory=list)
 
     @property
     def hit_rate(self) -> float:

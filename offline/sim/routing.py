@@ -35,6 +35,7 @@ from router.replica import Replica
 from router.session_route import (
     SharedPrefix,
     assignment_write,
+    prefill_estimate,
     route_hints,
     session_warm,
     with_resident,
@@ -48,8 +49,9 @@ ADMITTED = AdmissionVerdict(True)
 class Routed:
     """One request on the gateway's path: the assignment read before it (what the commit's
     compare-and-set expects), its hints, when it first asked admission, its admission
-    request once admitted (None: no admission, or none was asked), its vLLM priority, and
-    the policy's decision once routed."""
+    request once admitted (None: no admission, or none was asked), its vLLM priority, the
+    policy's decision once routed, and the prefill it counts on its replica's backlog until
+    its first token (``prefill_estimate``: None without the KV events)."""
 
     tenant: str
     session: str
@@ -59,6 +61,7 @@ class Routed:
     priority: int = 0
     admitted: AdmissionRequest | None = None
     decision: Decision | None = None
+    prefill: int | None = None  # its prefill counted as its replica's backlog, if sized
 
     @property
     def replica(self) -> Replica:
@@ -151,12 +154,17 @@ class SimRouting:
         return verdict
 
     def route(self, routed: Routed) -> Decision:
-        """The policy decides; the request counts in flight on its replica."""
+        """The policy decides; the request counts in flight on its replica, and its prefill
+        there as backlog until its first token (as the gateway's attempt counts it until
+        the first chunk, ``Replica.prefill``)."""
         decision = run_sync(
             self.policy.choose(routed.tenant, routed.session, self.pool, hints=routed.hints)
         )
         routed.decision = decision
         decision.replica.started()
+        routed.prefill = prefill_estimate(routed.hints, decision.replica.url)
+        if routed.prefill is not None:
+            decision.replica.prefill_started(routed.prefill)
         return decision
 
     def replayed(self, routed: Routed, replica: Replica) -> Decision:
@@ -170,6 +178,8 @@ class SimRouting:
         where the policy placed it elsewhere, and the assignment is written with the
         history."""
         url = routed.replica.url
+        if routed.prefill is not None:
+            routed.replica.prefill_ended(routed.prefill)
         if self.admission is not None and routed.admitted is not None:
             routed.admitted = relocate(self.admission, routed.admitted, url, now)
         assign = assignment_write(self.policy, routed.tenant, url, routed.expected)

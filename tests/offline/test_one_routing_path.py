@@ -237,3 +237,32 @@ async def test_the_gateway_and_the_simulator_route_alike(name: str, tmp_path: Pa
         reasons = {reason for _, _, reason, _, _ in gateway}
         assert {"new", "sticky"} <= reasons
         assert reasons - {"new", "sticky"}, "the script should move a session"
+
+
+def test_the_simulator_counts_a_sized_prefill_until_its_first_token() -> None:
+    """The gateway's attempt counts its prefill (sized by the KV events' figures) on its
+    replica until the first chunk (``Replica.prefill``); the simulator's path counts it
+    until the first token."""
+    assignments = MemoryAssignments()
+    policy = make_policy("sticky_cost", assignments=assignments, cost=get_preset("cpu-tiny"))
+    replicas = pool()
+    routing = SimRouting(policy, replicas, assignments, None)
+
+    def send(resident: dict[str, int] | None) -> Routed:
+        routed = routing.prepare(
+            TENANT, "s", prompt_tokens=5000, last_prompt_tokens=None, prefix=None, now=0.0,
+            resident=resident,
+        )  # fmt: skip
+        routing.route(routed)
+        return routed
+
+    routed = send({url: 3000 for url in URLS})
+    replica = routed.replica
+    assert (replica.in_flight, replica.prefilling, replica.prefill_backlog_tokens) == (1, 1, 2000)
+    routing.accepted(routed, 1.0)  # the first token: its prefill is done
+    assert (replica.in_flight, replica.prefilling, replica.prefill_backlog_tokens) == (1, 0, 0)
+    routing.ended(routed, 2.0)
+    assert replica.in_flight == 0
+    # Without the KV events nothing is sized.
+    unsized = send(None)
+    assert (unsized.replica.prefilling, unsized.replica.prefill_backlog_tokens) == (0, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -465,6 +466,47 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
     assert "one load simulated: judged there" in result.output
     assert "- refold at 4 concurrent: sticky_cost's hit rate" in result.output
     assert "## Priced sticky at the knee" in (out / "report.md").read_text()
+
+
+def test_the_request_log_holds_every_measured_request_as_it_was_served(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
+            "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
+            "--strategy", "base", "--duration", "60", "--warmup", "5", "--tokenizer",
+            "estimate", "--jobs", "1", "--log-requests", "--out", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    cell = json.loads((out / "results.json").read_text())["cells"][0]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == cell["requests"] > 0
+    assert {(r["policy"], r["strategy"], r["load"]) for r in records} == {
+        ("sticky_cost", "base", "4 concurrent")
+    }
+    for r in records:
+        assert 5 <= r["sent"] <= r["arrival"] <= r["first_scheduled"] <= r["first_token"]
+        assert r["first_token"] <= r["finished"] and 0 <= r["cached_tokens"] < r["prompt_tokens"]
+        assert r["replica"] in (0, 1) and r["reason"] in ("new", "sticky", "queue_cost")
+    # A session's requests are its steps in order, each sent after the last one finished.
+    by_session: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_session.setdefault(r["session"], []).append(r)
+    for mine in by_session.values():
+        steps = [r["step"] for r in mine]
+        assert steps == list(range(steps[0], steps[0] + len(steps)))
+        assert all(a["finished"] <= b["sent"] for a, b in itertools.pairwise(mine))
+    # Without the flag, no log.
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+    config = SimConfig(policy="sticky", strategy="base", cost=cost(), replicas=2,
+                       concurrency=2, duration_s=30, warmup_s=0.0)  # fmt: skip
+    assert simulate(workload, config).request_log == []
 
 
 def test_cost_fit_recovers_known_coefficients_from_phases() -> None:

@@ -57,6 +57,26 @@ def test_queue_wait_grows_with_queue_and_with_a_full_pool() -> None:
     assert unseen.queued == 2
 
 
+def test_queue_wait_counts_the_prefill_this_gateway_sized_and_the_rest_as_typical() -> None:
+    # Two requests this gateway sent and sized (one re-prefill of 4,000 tokens, one new turn
+    # of 200), and a third queued there that it did not size (another gateway's).
+    sized = Candidate(
+        "a", running=1, waiting=3, in_flight=3, kv_usage=0.1, bound_sessions=0,
+        prefilling=2, prefill_backlog_tokens=4200,
+    )  # fmt: skip
+    assert queue_wait_s(sized, COST, 500, 100) == pytest.approx(
+        COST.prefill_s(4200) + COST.prefill_s(500)
+    )
+    # One re-prefill queued weighs more than three new turns; by the count alone it would
+    # weigh a third of them.
+    one_long = Candidate("b", 1, 1, 1, 0.1, 0, prefilling=1, prefill_backlog_tokens=4000)
+    three_short = Candidate("c", 1, 3, 3, 0.1, 0, prefilling=3, prefill_backlog_tokens=600)
+    assert queue_wait_s(one_long, COST, 500, 100) > queue_wait_s(three_short, COST, 500, 100)
+    # Nothing sized (no KV events): the count, as before.
+    unsized = Candidate("d", 1, 3, 3, 0.1, 0)
+    assert queue_wait_s(unsized, COST, 500, 100) == pytest.approx(3 * (0.01 + 0.5))
+
+
 def test_queue_wait_scorer_prefers_the_shorter_queue() -> None:
     scores = QueueWaitScorer(COST, 500, 100).score(ctx(), [cand("a", waiting=2), cand("b")])
     assert scores[1] > scores[0]
@@ -137,6 +157,46 @@ async def test_sticky_cost_keeps_a_long_session_through_a_short_queue(
     moved = await policy.choose("t", "s", pool, hints=hints)
     assert (moved.replica, moved.reason, moved.moved_from) == (other, "queue_cost", home.url)
     assert await assignments.get_assignment("t", "s") == other.url
+
+
+async def test_sticky_cost_weighs_the_sized_prefill_queued_not_the_count(
+    assignments: AssignmentStore,
+) -> None:
+    pool = static_pool([0, 0])
+    a, b = pool.replicas
+    policy = make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
+    )
+    await assignments.set_assignment("t", "s", a.url, expected=None, ttl_s=60)
+    # The KV events say a holds 2,000 of the session's prompt (~2 s of prefill saved there).
+    hints = RouteHints(prompt_tokens=2100, cached_prefix_tokens=2000, resident_tokens={a.url: 2000})
+    # One request queued on a, by the count ~0.5 s: the session stays...
+    a.metrics, b.metrics = busy(1), busy(0)
+    assert (await policy.choose("t", "s", pool, hints=hints)).replica is a
+    # ...unless this gateway sent it and sized it: the re-prefill of another session's
+    # 6,000 tokens (~6 s) is ahead of it on a, and moving costs its own ~2 s.
+    a.started()
+    with a.prefill(6000):
+        moved = await policy.choose("t", "s", pool, hints=hints)
+    assert (moved.replica, moved.reason) == (b, "queue_cost")
+    a.ended()
+
+
+def test_a_replica_counts_a_sized_prefill_while_its_block_runs() -> None:
+    (replica,) = static_pool([0]).replicas
+    with replica.prefill(2000):
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (1, 2000)
+        with pytest.raises(RuntimeError), replica.prefill(500):
+            assert replica.prefill_backlog_tokens == 2500
+            raise RuntimeError("the upstream failed before its first chunk")
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (1, 2000)
+    with replica.prefill(None):  # not sized (no KV events): nothing counted
+        assert (replica.prefilling, replica.prefill_backlog_tokens) == (0, 0)
+    assert (replica.prefilling, replica.prefill_backlog_tokens, replica.in_flight) == (0, 0, 0)
 
 
 async def test_sticky_cost_hysteresis_stops_a_session_bouncing(
