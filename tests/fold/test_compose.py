@@ -269,6 +269,11 @@ def test_following_cache_gives_the_same_rendering_as_no_cache(
 # -- a new threshold over the same inner (the context guard's calibration) ----------------
 
 
+def cache_before_last(renderer: Renderer, history: Transcript) -> Any:
+    """The cache after every request of ``history`` but its last, rendered in order."""
+    return session(renderer, history.with_messages(requests(history)[-2].messages))[-1].cache
+
+
 class CountedShrink(ShrinkOld):
     """``ShrinkOld`` that counts its renders."""
 
@@ -304,10 +309,9 @@ def test_a_new_threshold_renders_as_that_threshold_from_the_start(
 def test_a_new_threshold_no_point_came_near_keeps_the_renderings() -> None:
     inner = CountedShrink()
     history = tool_history(*OUTPUTS)  # ~6k characters at its end
-    first = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
-    cache = None
-    for request in requests(history)[:-1]:
-        cache = first.render(request, cache=cache).cache
+    cache = cache_before_last(
+        Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars)), history
+    )
     inner.renders = 0
     second = Composed(inner, Cliff(50_000, keep_turns=2, count_tokens=chars))
     second.render(requests(history)[-1], cache=cache)
@@ -317,10 +321,9 @@ def test_a_new_threshold_no_point_came_near_keeps_the_renderings() -> None:
 def test_a_new_threshold_a_point_came_above_replays_the_history() -> None:
     inner = CountedShrink()
     history = tool_history(*OUTPUTS)
-    first = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
-    cache = None
-    for request in requests(history)[:-1]:
-        cache = first.render(request, cache=cache).cache
+    cache = cache_before_last(
+        Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars)), history
+    )
     inner.renders = 0
     # Lower than what the history came to: the new cliff would have compacted earlier.
     second = Composed(inner, Cliff(3_000, keep_turns=2, count_tokens=chars))
@@ -333,10 +336,9 @@ def test_a_higher_threshold_after_a_compaction_renders_as_that_threshold() -> No
     # The lower cliff compacted; the higher one, which never would have, replays.
     inner = ShrinkOld(keep=2)
     history = tool_history(*OUTPUTS)
-    low = Composed(inner, Cliff(3_000, keep_turns=2, count_tokens=chars))
-    cache = None
-    for request in requests(history)[:-1]:
-        cache = low.render(request, cache=cache).cache
+    cache = cache_before_last(
+        Composed(inner, Cliff(3_000, keep_turns=2, count_tokens=chars)), history
+    )
     high = Composed(inner, Cliff(100_000, keep_turns=2, count_tokens=chars))
     warm = high.render(requests(history)[-1], cache=cache)
     assert warm.stats.compactions == 0

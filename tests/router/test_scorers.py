@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from router import AssignedSessionPolicy, AssignmentStore, ReplicaMetrics, RouteHints, make_policy
+from router import (
+    AssignedSessionPolicy,
+    AssignmentStore,
+    ReplicaMetrics,
+    RouteHints,
+    RoutingPolicy,
+    make_policy,
+)
 from router.cost import CostModel, get_preset
 from router.filters.queue_slack import QueueSlackFilter
 from router.inputs import Candidate, RouteContext
@@ -128,6 +135,17 @@ def test_max_score_picker_keeps_the_current_replica_on_a_tie() -> None:
     assert picker.pick(ctx(turn=1), pool, [2.0, 1.0]).candidate.url == "a"
 
 
+def sticky_cost(assignments: AssignmentStore) -> RoutingPolicy:
+    """``sticky_cost`` pricing with ``COST``, a typical request of 500 tokens in, 100 out."""
+    return make_policy(
+        "sticky_cost",
+        assignments=assignments,
+        cost=COST,
+        typical_prefill_tokens=500,
+        typical_output_tokens=100,
+    )
+
+
 def busy(waiting: float, kv: float = 0.2) -> ReplicaMetrics:
     return ReplicaMetrics(running=1, waiting=waiting, kv_cache_usage=kv)
 
@@ -137,13 +155,7 @@ async def test_sticky_cost_keeps_a_long_session_through_a_short_queue(
 ) -> None:
     pool = static_pool([0, 0])
     a, b = pool.replicas
-    policy = make_policy(
-        "sticky_cost",
-        assignments=assignments,
-        cost=COST,
-        typical_prefill_tokens=500,
-        typical_output_tokens=100,
-    )
+    policy = sticky_cost(assignments)
     first = await policy.choose("t", "s", pool, hints=RouteHints(prompt_tokens=1000))
     assert first.reason == "new"
     home, other = (a, b) if first.replica is a else (b, a)
@@ -164,13 +176,7 @@ async def test_sticky_cost_weighs_the_sized_prefill_queued_not_the_count(
 ) -> None:
     pool = static_pool([0, 0])
     a, b = pool.replicas
-    policy = make_policy(
-        "sticky_cost",
-        assignments=assignments,
-        cost=COST,
-        typical_prefill_tokens=500,
-        typical_output_tokens=100,
-    )
+    policy = sticky_cost(assignments)
     await assignments.set_assignment("t", "s", a.url, expected=None, ttl_s=60)
     # The KV events say a holds 2,000 of the session's prompt (~2 s of prefill saved there).
     hints = RouteHints(prompt_tokens=2100, cached_prefix_tokens=2000, resident_tokens={a.url: 2000})
@@ -228,13 +234,7 @@ async def test_sticky_cost_hysteresis_stops_a_session_bouncing(
 async def test_sticky_cost_new_sessions_go_where_they_fit(assignments: AssignmentStore) -> None:
     pool = static_pool([0, 0, 0])
     a, b, c = pool.replicas
-    policy = make_policy(
-        "sticky_cost",
-        assignments=assignments,
-        cost=COST,
-        typical_prefill_tokens=500,
-        typical_output_tokens=100,
-    )
+    policy = sticky_cost(assignments)
     # Equal short queues; c has the most free KV. b has a long queue despite free KV.
     a.metrics, b.metrics, c.metrics = busy(0, kv=0.7), busy(20, kv=0.0), busy(0, kv=0.1)
     first = await policy.choose("t", "s1", pool, hints=RouteHints(prompt_tokens=100))
@@ -249,13 +249,7 @@ async def test_sticky_cost_sends_a_new_session_of_an_agent_to_its_prefix(
     assignments: AssignmentStore,
 ) -> None:
     pool = static_pool([0, 0, 0])
-    policy = make_policy(
-        "sticky_cost",
-        assignments=assignments,
-        cost=COST,
-        typical_prefill_tokens=500,
-        typical_output_tokens=100,
-    )
+    policy = sticky_cost(assignments)
     for r in pool.replicas:
         r.metrics = busy(0)
     agent = RouteHints(prefix_key="agent-1", prefix_tokens=3000)
