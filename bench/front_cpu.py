@@ -37,11 +37,11 @@ import orjson
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import FOLDGATE, ROOT, post, process, tree_cpu_times, wait_ready
+from bench.harness import FOLDGATE, ROOT, post, process, wait_ready
 from deploy.cpu.replicas import free_ports, start_replicas
 from deploy.cpu.vllm_server import KV_EVENTS_PORT_OFFSET
 from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
-from loadtests.cell_processes import reset_prefix_caches, router_command
+from loadtests.cell_processes import reset_prefix_caches, router_command, tree_cpu_times
 from loadtests.sessions import Session, build_session
 from offline.importers import load_trajectories
 

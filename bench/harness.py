@@ -1,6 +1,7 @@
 """The processes a benchmark runs (the fake upstream, ``foldgate serve`` on uvicorn or Ray
 Serve) and how it talks to them: start in a process group, wait for readiness, time a
-request, count a process tree's CPU seconds.
+request, count a process's CPU seconds thread by thread (a process tree's:
+``loadtests.cell_processes.tree_cpu_s``).
 """
 
 from __future__ import annotations
@@ -27,30 +28,6 @@ START_TIMEOUT_S = 120.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User+system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
-    return sum(tree_cpu_times(root))
-
-
-def tree_cpu_times(root: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
-    parents: dict[int, int] = {}
-    times: dict[int, tuple[float, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or (fields := _stat_fields(f"/proc/{entry}/stat")) is None:
-            continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = _cpu_times(fields)
-    user = system = 0.0
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        pid_user, pid_system = times.get(pid, (0.0, 0.0))
-        user, system = user + pid_user, system + pid_system
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return user, system
-
-
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
     """User+system CPU seconds of each live thread of ``pid`` (Linux /proc), by thread id:
     the main thread's id is ``pid``."""
@@ -74,12 +51,7 @@ def _stat_fields(path: str) -> list[str] | None:
 
 def _cpu_seconds(fields: list[str]) -> float:
     """User+system CPU seconds from ``_stat_fields``' fields (utime, stime)."""
-    return sum(_cpu_times(fields))
-
-
-def _cpu_times(fields: list[str]) -> tuple[float, float]:
-    """(user, system) CPU seconds from ``_stat_fields``' fields (utime, stime)."""
-    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 @contextmanager

@@ -84,13 +84,13 @@ from bench.harness import (
     gateway_env,
     post,
     process,
-    tree_cpu_seconds,
     wait_ready,
 )
 from bench.peer_fronts import curve, front_headers, plot_curve, start_peers, wait_peers
 from bench.stages import print_stages, stage_times
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
+from loadtests.cell_processes import tree_cpu_s
 
 # Issue 10's aims for the added latency at a ~32k-token history (p50, "full" column).
 AIM_MS = {"uvicorn": 1.0, "ray": 1.5}
@@ -183,11 +183,11 @@ async def throughput(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=600)
     ) as http:
-        cpu_before = tree_cpu_seconds(gateway_pid)
+        cpu_before = tree_cpu_s(gateway_pid)
         started = time.perf_counter()
         await asyncio.gather(*(one_session(http) for _ in range(sessions)))
         wall = time.perf_counter() - started
-        cpu = tree_cpu_seconds(gateway_pid) - cpu_before
+        cpu = tree_cpu_s(gateway_pid) - cpu_before
     requests = sessions * len(bodies)
     return {
         "requests": requests,

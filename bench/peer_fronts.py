@@ -19,10 +19,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness import ROOT, post, process, tree_cpu_seconds, wait_ready
+from bench.harness import ROOT, post, process, wait_ready
 from bench.workload import request_bodies, synthetic_session
 from deploy.cpu.replicas import free_ports
-from loadtests.cell_processes import router_command
+from loadtests.cell_processes import router_command, tree_cpu_s
 from loadtests.fake_upstream import FAKE_MODEL
 
 VLLM_ROUTER, LITELLM = "vllm-router", "LiteLLM proxy"
@@ -162,10 +162,10 @@ async def curve_point(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         for _ in range(rounds):
             opened = await asyncio.gather(*(open_session(http) for _ in range(sessions)))
-            cpu_before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+            cpu_before = {name: tree_cpu_s(pid) for name, pid in pids.items()}
             await asyncio.gather(*(one_session(http, i, c) for i, c in enumerate(opened)))
             for name, pid in pids.items():
-                cpu[name] += tree_cpu_seconds(pid) - cpu_before[name]
+                cpu[name] += tree_cpu_s(pid) - cpu_before[name]
     nan = float("nan")
     return {
         name: {

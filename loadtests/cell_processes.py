@@ -125,17 +125,22 @@ def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user and system) process ``pid`` and its live descendants have used so
     far: a front's cost, read before and after a cell's load (Ray's workers are the
     gateway's children; a process gone between two readings drops out of the second)."""
+    return sum(tree_cpu_times(pid))
+
+
+def tree_cpu_times(pid: int) -> tuple[float, float]:
+    """``tree_cpu_s`` as (user, system) CPU seconds."""
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
+        return 0.0, 0.0
+    user = system = 0.0
     for process in processes:
         with suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             times = process.cpu_times()
-            total += times.user + times.system
-    return total
+            user, system = user + times.user, system + times.system
+    return user, system
 
 
 def router_binary() -> Path:

@@ -10,13 +10,13 @@ import textwrap
 from loadtests.cell_processes import tree_cpu_s
 from loadtests.results import FRONT_METRICS, front_cpu
 
-# A parent that starts a child which burns 0.3 s of its own CPU, says so, and waits.
+# A parent that starts a child which burns 0.5 s of its own CPU, says so, and waits.
 PARENT = textwrap.dedent(
     """
     import subprocess, sys
     child = subprocess.Popen([sys.executable, "-c", '''
     import sys, time
-    while time.process_time() < 0.3:
+    while time.process_time() < 0.5:
         pass
     print("burnt", flush=True)
     sys.stdin.read()
@@ -34,7 +34,9 @@ def test_a_fronts_cpu_counts_its_child_processes() -> None:
     )
     try:
         assert parent.stdout is not None and parent.stdout.readline() == b"burnt\n"
-        assert tree_cpu_s(parent.pid) >= 0.3  # the child's 0.3 s, and the parent's own
+        # The child's 0.5 s and the parent's own; /proc counts whole clock ticks, which can
+        # trail the child's own clock (0.29 s was read for 0.3 s burnt), so some slack.
+        assert tree_cpu_s(parent.pid) >= 0.4
     finally:
         assert parent.stdin is not None
         parent.stdin.close()
