@@ -37,26 +37,14 @@ import orjson
 # Run as a script: put the repo first, before bench/ (whose store.py shadows the package).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import FOLDGATE, ROOT, post, process, wait_ready
+from bench.harness import ROOT, gateway_argv, post, process, wait_ready
 from deploy.cpu.replicas import free_ports, start_replicas
 from deploy.cpu.vllm_server import KV_EVENTS_PORT_OFFSET
-from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
 from loadtests.cell_processes import reset_prefix_caches, router_command, tree_cpu_times
-from loadtests.sessions import Session, build_session
-from offline.importers import load_trajectories
+from loadtests.sessions import Session, replayable_sessions
 
 DEFAULT_TRAJECTORIES = ROOT.parent / "shared" / "trajectories" / "raw" / "mini-swe-agent"
 IDLE_S = 10.0  # how long each front's idle CPU is read before its round (/proc counts 10-ms ticks)
-
-
-def sessions_of(paths: Sequence[Path], model: str, count: int, steps: int, tokens: int) -> list:
-    """The first ``count`` replayable sessions under ``paths``, ``steps`` requests each."""
-    chat = ChatTokenizer(get_counter(default_tokenizer_spec()))
-    built = (
-        build_session(t, chat, model, max_steps=steps, max_tokens_cap=tokens)
-        for t in load_trajectories(*paths)
-    )
-    return [s for s in built if s.steps][:count]
 
 
 def fronts(
@@ -68,15 +56,7 @@ def fronts(
     started = {}
     for name, tree in trees.items():
         port = next(ports)
-        argv = [
-            str(FOLDGATE),
-            "serve",
-            "--port",
-            str(port),
-            "--store",
-            f"sqlite:///{tmp}/{port}.db",
-        ]
-        argv += [arg for url in urls for arg in ("--replica", url)]
+        argv = gateway_argv("uvicorn", port, urls, f"sqlite:///{tmp}/{port}.db")
         argv += ["--config", str(args.config)] if args.config else []
         env = {"PYTHONPATH": str(tree), "FOLDGATE_HOME": str(tmp / str(port))}
         log = tmp / f"{port}.log"
@@ -117,7 +97,10 @@ async def replay(url: str, sessions: list[Session], concurrent: int) -> int:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    sessions = sessions_of(args.paths, "tiny", args.sessions, args.steps, args.max_tokens)
+    replayable = replayable_sessions(
+        args.paths, "tiny", max_steps=args.steps, max_tokens_cap=args.max_tokens
+    )
+    sessions = list(replayable[: args.sessions])
     if not sessions:
         raise SystemExit(f"no replayable sessions under {', '.join(map(str, args.paths))}")
     rows: dict[str, list[dict[str, float]]] = {}

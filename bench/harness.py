@@ -107,8 +107,9 @@ def log_tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def gateway_argv(mode: str, port: int, upstream: str, store_url: str) -> list[str]:
-    argv = [str(FOLDGATE), "serve", "--port", str(port), "--replica", upstream]
+def gateway_argv(mode: str, port: int, upstreams: Sequence[str], store_url: str) -> list[str]:
+    argv = [str(FOLDGATE), "serve", "--port", str(port)]
+    argv += [arg for url in upstreams for arg in ("--replica", url)]
     argv += ["--store", store_url]
     return [*argv, "--ray"] if mode == "ray" else argv
 

@@ -169,7 +169,7 @@ async def run(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str, Any]
     fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
     if shape == "tools":
         fake_argv = [sys.executable, "-c", FAKE_WITH_WINDOW, str(fake_port), str(WINDOW)]
-    argv = gateway_argv("uvicorn", gateway_port, upstream, f"sqlite:///{tmp}/{shape}.db")
+    argv = gateway_argv("uvicorn", gateway_port, [upstream], f"sqlite:///{tmp}/{shape}.db")
     cache_bytes = str(args.cache_mb * 1024 * 1024)
     env = {f"FOLDGATE_{name}_CACHE_BYTES": cache_bytes for name in ("DECODE", "RENDER", "DIGEST")}
     with (

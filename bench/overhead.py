@@ -219,7 +219,7 @@ async def run_mode(
                 # install.
                 env["PYTHONPATH"] = str(source)
             log = tmp / f"{mode}-{name}.log"
-            argv = gateway_argv(mode, port, upstream, store_url)
+            argv = gateway_argv(mode, port, [upstream], store_url)
             procs[name] = (port, running.enter_context(process(argv, log, env)), log)
         if args.relay:
             argv = [sys.executable, str(ROOT / "bench" / "relay.py"), "--port", str(relay_port)]

@@ -131,7 +131,7 @@ async def run(kb: int, sessions: int, rounds: int) -> dict[str, list[float]]:
         out = tmp / "phases.json"
         fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
         # ``foldgate serve``'s arguments as the other benchmarks pass them.
-        serve = gateway_argv("uvicorn", port, upstream, f"sqlite:///{tmp}/s.db")[2:]
+        serve = gateway_argv("uvicorn", port, [upstream], f"sqlite:///{tmp}/s.db")[2:]
         argv = [sys.executable, __file__, "--serve-timed", *serve]
         with (
             process(fake_argv, tmp / "fake.log") as fake,

@@ -68,7 +68,7 @@ async def run(kb: int, sessions: int, raw: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="fgp-") as folder:
         tmp = Path(folder)
         fake_argv = [sys.executable, "-m", "loadtests.fake_upstream", str(fake_port)]
-        argv = gateway_argv("uvicorn", port, upstream, f"sqlite:///{tmp}/store.db")
+        argv = gateway_argv("uvicorn", port, [upstream], f"sqlite:///{tmp}/store.db")
         with (
             process(fake_argv, tmp / "fake.log") as fake,
             process(argv, tmp / "gateway.log") as gateway,

@@ -48,10 +48,8 @@ from locust.exception import StopUser
 from locust.runners import LocalRunner, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from gateway.tokens import ChatTokenizer, default_tokenizer_spec, get_counter
-from loadtests.sessions import Session, Step, ThinkTime, build_session
+from loadtests.sessions import Session, Step, ThinkTime, replayable_sessions
 from loadtests.stream import ReplyStream
-from offline.importers import load_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRAJECTORIES = ROOT.parent / "shared" / "trajectories" / "raw"
@@ -136,15 +134,13 @@ def load_sessions(
     paths: str, model: str, max_steps: int, max_tokens_cap: int, tokenizer: str = ""
 ) -> tuple[Session, ...]:
     """The replayable sessions of every trajectory under ``paths`` (cached per process)."""
-    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
-    trajectories = load_trajectories(*(p for p in paths.split(",") if p))
-    sessions = tuple(
-        build_session(
-            t, chat, model, max_steps=max_steps or None, max_tokens_cap=max_tokens_cap or None
-        )
-        for t in trajectories
+    sessions = replayable_sessions(
+        [p for p in paths.split(",") if p],
+        model,
+        max_steps=max_steps or None,
+        max_tokens_cap=max_tokens_cap or None,
+        tokenizer=tokenizer,
     )
-    sessions = tuple(s for s in sessions if s.steps)
     if not sessions:
         raise ValueError(f"no replayable trajectories in {paths}")
     return sessions

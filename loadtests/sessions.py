@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from gateway.dialects import anthropic_messages, openai_chat
-from gateway.tokens import GENERATION_PROMPT, ChatTokenizer
+from gateway.tokens import GENERATION_PROMPT, ChatTokenizer, default_tokenizer_spec, get_counter
 from gateway.transcript import Message
-from offline.importers import Trajectory
+from offline.importers import Trajectory, load_trajectories
 from offline.replay import requests_of
 
 Dialect = Literal["openai", "anthropic"]
@@ -73,6 +75,24 @@ def request_body(
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM's sampling field: decode exactly max_tokens
     return body
+
+
+def replayable_sessions(
+    paths: Sequence[str | Path],
+    model: str,
+    *,
+    max_steps: int | None = None,
+    max_tokens_cap: int | None = None,
+    tokenizer: str = "",
+) -> tuple[Session, ...]:
+    """The sessions of every trajectory under ``paths`` that have a request to send, their
+    decode lengths counted with ``tokenizer`` (the default one when empty)."""
+    chat = ChatTokenizer(get_counter(tokenizer or default_tokenizer_spec()))
+    sessions = (
+        build_session(t, chat, model, max_steps=max_steps, max_tokens_cap=max_tokens_cap)
+        for t in load_trajectories(*paths)
+    )
+    return tuple(s for s in sessions if s.steps)
 
 
 def build_session(

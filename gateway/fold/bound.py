@@ -76,9 +76,12 @@ class Renderers:
         self, tenant: str, spec: StrategySpec, mode: str | None, limit: int | None
     ) -> Renderer:
         inner = spec.without_outer()
-        if limit is None or spec.outermost != "cliff" or inner is None:
-            return make_renderer(spec, k=self.k, budget=limit, fold=mode)
-        if any(s.needs_budget for s in inner.strategies):
+        if (
+            limit is None
+            or spec.outermost != "cliff"
+            or inner is None
+            or any(s.needs_budget for s in inner.strategies)
+        ):
             return make_renderer(spec, k=self.k, budget=limit, fold=mode)
         cliff = make_renderer("cliff", k=self.k, budget=limit)
         return Composed(self.get(tenant, inner, mode, None), cliff)

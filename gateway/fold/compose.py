@@ -138,7 +138,7 @@ class Composed(Renderer):
             if cache.owner is self:
                 inner_cache, outer_cache = cache.inner, cache.outer
                 start = len(cache.history) + 1
-            elif cache.owner.inner is self.inner and type(cache.owner.outer) is type(outer):
+            elif cache.owner.inner is self.inner:
                 # Another outer over the same inner (the guard's new threshold): the inner's
                 # renderings stand; the outer's state carries over where it is the same.
                 carried = outer.carried(cache.outer)
