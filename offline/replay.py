@@ -46,6 +46,10 @@ class TrajectoryLike(Protocol):
     transcript: Transcript
     compaction_indices: tuple[int, ...]
 
+    def think_times(self) -> list[float | None]:
+        """Per assistant reply, the recorded gap before its request (None: not logged)."""
+        ...
+
 
 RendererFactory = Callable[..., Renderer]
 

@@ -140,6 +140,17 @@ from router.registry import ADMISSIONS
     "and this sigma (the Locust harness's --think-time MEDIAN:SIGMA).",
 )
 @click.option(
+    "--think-recorded",
+    "think_cap",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="CAP_S",
+    help="Replay each request's recorded gap where its trajectory logged one, cut to CAP_S "
+    "seconds, as the Locust harness does (an experiment's think_cap_s; the pressure "
+    "profile's is 5); --think's draw where it logged none [default: every think time "
+    "drawn].",
+)
+@click.option(
     "--kv-pool-tokens",
     type=click.IntRange(min=1),
     default=None,
@@ -229,6 +240,7 @@ def simulate_command(
     warmup: float,
     think: float,
     think_sigma: float,
+    think_cap: float | None,
     kv_pool_tokens: int | None,
     time_scale: float,
     sessions: int | None,
@@ -272,8 +284,8 @@ def simulate_command(
         configs = _cell_configs(
             cost, comma_list(policies), comma_list(strategies), concurrency, arrival_rate,
             replicas=replicas, duration_s=duration, warmup_s=warmup, think_s=think,
-            think_sigma=think_sigma, seed=seed, admission=admission, priority=priority,
-            kv_events=kv_events, sessions=sessions, shuffle=sessions is None,
+            think_sigma=think_sigma, think_cap_s=think_cap, seed=seed, admission=admission,
+            priority=priority, kv_events=kv_events, sessions=sessions, shuffle=sessions is None,
             admission_max_wait_s=admission_max_wait_s, pause_reservation=pause_reservation,
             log_requests=log_requests,
         )  # fmt: skip
@@ -299,9 +311,12 @@ def simulate_command(
         "max_num_batched_tokens": cost.max_num_batched_tokens,
         "time scale": time_scale,
         "duration / warm-up (s)": f"{duration:g} / {warmup:g}",
-        "think time (s)": f"lognormal median {think:g}, sigma {think_sigma:g}"
-        if think_sigma
-        else f"exponential mean {think:g}",
+        "think time (s)": (
+            f"lognormal median {think:g}, sigma {think_sigma:g}"
+            if think_sigma
+            else f"exponential mean {think:g}"
+        )
+        + (f"; recorded gaps cut at {think_cap:g} where logged" if think_cap is not None else ""),
         "seed": seed,
         "admission": admission,
         "priority": priority,

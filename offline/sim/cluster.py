@@ -59,6 +59,10 @@ class SimConfig:
     # 0: think times exponential with mean ``think_s``; else lognormal with median
     # ``think_s`` and this sigma (the Locust harness's fallback draw, ``--think-time M:S``).
     think_sigma: float = 0.0
+    # None: every think time drawn as above. Else, as the Locust harness's ``ThinkTime``
+    # (loadtests.sessions) replays a recording: the gap the trajectory logged before the
+    # request (``Step.think_s``), cut to this many seconds, and the draw where it logged none.
+    think_cap_s: float | None = None
     scrape_interval_s: float = 2.0
     seed: int = 0
     sessions: int | None = None  # stop starting sessions after this many
@@ -97,6 +101,8 @@ class SimConfig:
             raise ValueError("need 0 <= warmup_s < duration_s")
         if self.think_s < 0 or self.think_sigma < 0 or self.scrape_interval_s <= 0:
             raise ValueError("think_s must be >= 0 and scrape_interval_s positive")
+        if self.think_cap_s is not None and self.think_cap_s < 0:
+            raise ValueError(f"think_cap_s must be >= 0, got {self.think_cap_s}")
         if self.sessions is not None and self.sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {self.sessions}")
         if self.admission not in ADMISSIONS:
@@ -299,11 +305,15 @@ class _Cluster:
         first = now + self.think(rng)
         self.push(self.send_time(s, first), _SEND, s.index)
 
-    def think(self, rng: random.Random) -> float:
-        """One think time (a tool's run) from the session's generator."""
+    def think(self, rng: random.Random, recorded_s: float | None = None) -> float:
+        """One think time (a tool's run): the recorded gap ``recorded_s`` cut to the cap
+        where ``think_cap_s`` is set and the recording logged one, else a draw from the
+        session's generator. ``think_s`` 0 is saturation: no think time, recorded or not."""
         config = self.config
         if not config.think_s:
             return 0.0
+        if config.think_cap_s is not None and recorded_s is not None:
+            return min(recorded_s, config.think_cap_s)
         if config.think_sigma:
             return rng.lognormvariate(math.log(config.think_s), config.think_sigma)
         return rng.expovariate(1 / config.think_s)
@@ -465,7 +475,7 @@ class _Cluster:
                 result.request_log.append(_record(req, s, routed, now))
         s.step += 1
         if s.step < len(run.steps):
-            think = self.think(s.rng)
+            think = self.think(s.rng, run.steps[s.step].think_s)
             self.push(self.send_time(s, now + think), _SEND, s.index)
         else:
             # The store's TTL would drop the assignment; the policy keeps counting the session

@@ -55,6 +55,9 @@ class Step:
     tokens: np.ndarray | None = None  # the prompt's token ids, when kept (calibration)
     prefix: SharedPrefix | None = None  # the gateway's shared-prefix hint for it
     ends_turn: bool = False  # its reply ends the agent's turn (router.turn_end)
+    # The recorded seconds between the previous reply's end and this request (None: the
+    # trajectory did not log it); the simulator uses it with ``SimConfig.think_cap_s``.
+    think_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +98,19 @@ def _head_tokens(chat: ChatTokenizer, t: Transcript) -> int:
 class _Reply:
     tokens: int  # what the model generated for its request
     ends_turn: bool
+    think_s: float | None  # the recorded gap before its request
 
 
-def _replies(chat: ChatTokenizer, history: Transcript) -> list[_Reply]:
+def _replies(chat: ChatTokenizer, trajectory: TrajectoryLike) -> list[_Reply]:
     """Each assistant reply, in order. The recordings keep no tool schemas: a harness
     whose replies call tools natively offered them (``router.turn_end``); a recorded reply
     is whole, so it stopped on its own."""
+    history = trajectory.transcript
     replies = [m for m in history.messages if m.role == "assistant"]
     offered = bool(history.tools) or any(m.tool_calls for m in replies)
     return [
-        _Reply(chat.message_count(m), ends_turn(offered, len(m.tool_calls), "stop"))
-        for m in replies
+        _Reply(chat.message_count(m), ends_turn(offered, len(m.tool_calls), "stop"), think)
+        for m, think in zip(replies, trajectory.think_times(), strict=True)
     ]
 
 
@@ -156,7 +161,7 @@ def build_workload(
     common: set[int] = set()  # hashes more than one recording has
     for trajectory in trajectories:
         names.append(trajectory.id)
-        replies = _replies(chat, trajectory.transcript)
+        replies = _replies(chat, trajectory)
         seen_here: set[int] = set()  # this recording's hashes, every strategy
         for strategy, renderer in renderers.items():
             rendered = _render_run(
@@ -264,6 +269,7 @@ def _name_blocks(
                 tokens=r.tokens,
                 prefix=r.prefix,
                 ends_turn=r.reply.ends_turn,
+                think_s=r.reply.think_s,
             )
         )
     return tuple(steps), len(local)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.tokens import ByteEstimate, ChatTokenizer
-from offline.importers import load_trajectories
+from offline.importers import MessageTime, load_trajectories
 from offline.prefix_cache import BlockPool
 from offline.replay import ReplayConfig
 from offline.sim.calibrate import decode_phase, fit_coefficients, prefill_phase
@@ -953,3 +953,40 @@ def test_a_time_scale_stretches_a_fixed_work_cell_by_its_factor(tmp_path: Path) 
     assert slow.requests == base.requests
     assert slow.window_s == pytest.approx(3.0 * base.window_s)
     assert slow.prefix_hits == base.prefix_hits  # the same schedule, three times as slow
+
+
+def test_recorded_think_times_replace_the_draw_cut_at_the_cap(tmp_path: Path) -> None:
+    # As the Locust harness replays a recording: the gap the trajectory logged before each
+    # request, cut at the cap; the draw where it logged none (here the second request).
+    (trajectory,) = load_trajectories(trajectory_file(tmp_path, steps=3))
+    n = len(trajectory.transcript.messages)
+    replies = [i for i, m in enumerate(trajectory.transcript.messages) if m.role == "assistant"]
+    times: list[MessageTime | None] = [None] * n
+    for reply, at in zip(replies, (100.0, 120.0, 125.0, 200.0), strict=True):
+        times[reply] = MessageTime(at)
+    times[replies[1] + 1] = MessageTime(130.0)  # the observation after reply 1, 10 s later
+    times[replies[2] + 1] = None  # nothing logged between replies 2 and 3 but their ends
+    times[replies[2]] = None
+    trajectory = replace(trajectory, times=tuple(times))
+    gaps = trajectory.think_times()
+    assert gaps[2] == 10.0 and gaps[1] is not None and gaps[3] is None
+    config = ReplayConfig(strategies=("base",), block_size=16)
+    workload = build_workload([trajectory], ChatTokenizer(ByteEstimate()), config)
+    steps = workload.runs[(trajectory.id, "base")].steps
+    assert [s.think_s for s in steps] == gaps
+
+    def sends(**kw: Any) -> list[float]:
+        config = SimConfig(policy="sticky", strategy="base", cost=cost(kv_pool_tokens=200_000),
+                           replicas=1, concurrency=1, sessions=1, think_s=1.0, warmup_s=0.0,
+                           log_requests=True, **kw)  # fmt: skip
+        log = simulate(workload, config).request_log
+        return [b.sent - a.finished for a, b in itertools.pairwise(log)]
+
+    drawn = sends()
+    recorded = sends(think_cap_s=6.0)
+    assert recorded[0] == pytest.approx(min(gaps[1], 6.0))  # type: ignore[type-var]
+    assert recorded[1] == pytest.approx(6.0)  # 10 s logged, cut at the cap
+    assert 0 < recorded[2] != pytest.approx(6.0)  # none logged: a draw
+    assert drawn[:2] != pytest.approx(recorded[:2])  # without the cap, every gap is drawn
+    with pytest.raises(ValueError, match="think_cap_s"):
+        SimConfig(policy="sticky", strategy="base", cost=cost(), think_cap_s=-1.0)
