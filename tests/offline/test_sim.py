@@ -6,7 +6,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from offline.sim.serving_path import ServedRequest, fit_serving_path, token_inte
 from offline.sim.workload import build_workload
 from router import make_policy
 from router.admission_seam import AdmissionRequest, AdmissionVerdict, AdmitAll
-from router.cost import CostModel
+from router.cost import CostModel, get_preset
 from router.knobs import ADMISSION_MAX_WAIT_S
 from router.registry import ADMISSIONS
 
@@ -466,6 +466,37 @@ def test_simulate_command_writes_its_report(tmp_path: Path) -> None:
     assert "one load simulated: judged there" in result.output
     assert "- refold at 4 concurrent: sticky_cost's hit rate" in result.output
     assert "## Priced sticky at the knee" in (out / "report.md").read_text()
+
+
+def test_kv_pool_tokens_replaces_the_presets_pool_and_nothing_else(tmp_path: Path) -> None:
+    # The what-if behind a ceiling (a pool nothing is evicted from) must change the pool
+    # only: the cost model's other terms, the engine shape and the run's setup stay.
+    preset = get_preset("cpu-tiny")
+    bigger = preset.with_pool(10 * preset.kv_pool_tokens)
+    changed = {k: v for k, v in asdict(bigger).items() if asdict(preset)[k] != v}
+    assert changed == {"kv_pool_tokens": 10 * preset.kv_pool_tokens}
+    assert SimReplica.create(0, bigger).pool.capacity == bigger.kv_pool_blocks - 1
+
+    def setup(*extra: str) -> dict[str, Any]:
+        out = tmp_path / f"out{len(extra)}"
+        result = CliRunner().invoke(
+            main,
+            [
+                "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
+                "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
+                "--strategy", "base", "--duration", "30", "--warmup", "5", "--tokenizer",
+                "estimate", "--jobs", "1", *extra, "--out", str(out),
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        run = json.loads((out / "results.json").read_text())["setup"]
+        del run["wall time (s)"]
+        return run
+
+    plain, pooled = setup(), setup("--kv-pool-tokens", "1000000")
+    assert plain.pop("kv pool per replica (tokens)") == f"{preset.kv_pool_tokens:,}"
+    assert pooled.pop("kv pool per replica (tokens)") == "1,000,000"
+    assert plain == pooled
 
 
 def test_the_request_log_holds_every_measured_request_as_it_was_served(tmp_path: Path) -> None:
