@@ -87,9 +87,7 @@ def test_cache_pair_gives_the_same_rendering_as_no_cache() -> None:
     for n in range(1, len(history.messages) + 1):
         prefix = history.with_messages(history.messages[:n])
         warm = renderer.render(prefix, cache=cache)
-        cold = renderer.render(prefix)
-        assert warm.transcript == cold.transcript
-        assert warm.stats == cold.stats
+        assert_renders_as_cold(renderer, prefix, warm)
         cache = warm.cache
 
 
@@ -133,6 +131,13 @@ class ShrinkOld(Renderer):
         for i in outputs[: max(0, len(outputs) - self.keep)]:
             messages[i] = messages[i].with_text(messages[i].text[: self.keep_chars])
         return Rendered(history.with_messages(messages))
+
+
+def assert_renders_as_cold(renderer: Renderer, request: Transcript, warm: Rendered) -> None:
+    """``warm`` (rendered from a cache) is what ``renderer`` renders of ``request`` from none."""
+    cold = renderer.render(request)
+    assert warm.transcript == cold.transcript
+    assert warm.stats == cold.stats
 
 
 def requests(history: Transcript) -> list[Transcript]:
@@ -261,9 +266,7 @@ def test_following_cache_gives_the_same_rendering_as_no_cache(
 ) -> None:
     composed = Composed(ShrinkOld(keep=2), Cliff(threshold, keep_turns=2, count_tokens=chars))
     for request, warm in zip(requests(history), session(composed, history), strict=True):
-        cold = composed.render(request)
-        assert warm.transcript == cold.transcript
-        assert warm.stats == cold.stats
+        assert_renders_as_cold(composed, request, warm)
 
 
 # -- a new threshold over the same inner (the context guard's calibration) ----------------
@@ -300,9 +303,7 @@ def test_a_new_threshold_renders_as_that_threshold_from_the_start(
     for request in requests(history):
         renderer = outers[data.draw(st.integers(0, len(outers) - 1))]
         warm = renderer.render(request, cache=cache)
-        cold = renderer.render(request)
-        assert warm.transcript == cold.transcript
-        assert warm.stats == cold.stats
+        assert_renders_as_cold(renderer, request, warm)
         cache = warm.cache
 
 
