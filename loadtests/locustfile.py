@@ -48,8 +48,9 @@ from locust.exception import StopUser
 from locust.runners import LocalRunner, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from loadtests.sessions import Session, Step, ThinkTime, replayable_sessions
+from loadtests.sessions import Session, Step, replayable_sessions
 from loadtests.stream import ReplyStream
+from offline.think_time import ThinkTime
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRAJECTORIES = ROOT.parent / "shared" / "trajectories" / "raw"

@@ -32,7 +32,7 @@ from typing import Any
 
 from deploy.cpu.replicas import parse_bytes
 from gateway.config import GatewayConfig
-from loadtests.sessions import ThinkTime
+from offline.think_time import ThinkTime
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = Path(__file__).with_name("experiments.toml")

@@ -11,8 +11,6 @@ an experiment sends the same histories.
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,43 +119,3 @@ def build_session(
             tokens = min(tokens, max_tokens_cap)
         steps.append(Step(i, request_body(request, dialect, model, tokens), tokens, think))
     return Session(trajectory.id, dialect, tuple(steps))
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkTime:
-    """Seconds between a reply and the next request.
-
-    The recorded gap where the trajectory logged one (``Step.think_s``: tool runs, harness
-    work, a person typing), cut to ``cap_s`` (a person away for an hour is an idle session,
-    not load); else, or with ``recorded=False``, a draw from the fallback distribution, which
-    models a tool call plus harness work: lognormal with a median of ``median_s``.
-    ``median_s == 0`` is a saturation run: no think time at all, recorded or not.
-    """
-
-    median_s: float = 3.0
-    sigma: float = 0.8
-    cap_s: float = 60.0
-    recorded: bool = True
-
-    @classmethod
-    def parse(cls, spec: str, *, cap_s: float = 60.0, recorded: bool = True) -> ThinkTime:
-        """``0``, ``MEDIAN`` or ``MEDIAN:SIGMA`` (seconds) for the fallback distribution."""
-        parts = spec.split(":")
-        try:
-            values = [float(p) for p in parts]
-        except ValueError:
-            raise ValueError(
-                f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}"
-            ) from None
-        if len(values) > 2 or any(v < 0 for v in values):
-            raise ValueError(f"think time must be MEDIAN[:SIGMA] in seconds, got {spec!r}")
-        if cap_s < 0:
-            raise ValueError(f"think-time cap must be >= 0 seconds, got {cap_s}")
-        return cls(*values, cap_s=cap_s, recorded=recorded)
-
-    def sample(self, rng: random.Random, recorded_s: float | None = None) -> float:
-        if self.median_s == 0:
-            return 0.0
-        if self.recorded and recorded_s is not None:
-            return min(recorded_s, self.cap_s)
-        return rng.lognormvariate(math.log(self.median_s), self.sigma)

@@ -36,6 +36,7 @@ from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.result import CellResult, RequestRecord
 from offline.sim.routing import Routed, SimRouting
 from offline.sim.workload import SIM_TENANT, Workload
+from offline.think_time import ThinkTime
 from router import ReplicaMetrics, ReplicaPool, make_policy
 from router.cost import CostModel
 from router.knobs import ADMISSION_MAX_WAIT_S, Knobs
@@ -59,9 +60,9 @@ class SimConfig:
     # 0: think times exponential with mean ``think_s``; else lognormal with median
     # ``think_s`` and this sigma (the Locust harness's fallback draw, ``--think-time M:S``).
     think_sigma: float = 0.0
-    # None: every think time drawn as above. Else, as the Locust harness's ``ThinkTime``
-    # (loadtests.sessions) replays a recording: the gap the trajectory logged before the
-    # request (``Step.think_s``), cut to this many seconds, and the draw where it logged none.
+    # None: every think time drawn as above. Else a recording replayed as the Locust harness
+    # replays it: the gap the trajectory logged before the request (``Step.think_s``), cut
+    # to this many seconds, and the draw where it logged none (``think_time``).
     think_cap_s: float | None = None
     scrape_interval_s: float = 2.0
     seed: int = 0
@@ -110,6 +111,17 @@ class SimConfig:
             raise ValueError(f"unknown admission {self.admission!r}; known: {known}")
 
     @property
+    def think_time(self) -> ThinkTime:
+        """The think-time rule of ``think_s``, ``think_sigma`` and ``think_cap_s``."""
+        recorded = self.think_cap_s is not None
+        return ThinkTime(
+            self.think_s,
+            self.think_sigma or None,
+            cap_s=self.think_cap_s if self.think_cap_s is not None else 0.0,
+            recorded=recorded,
+        )
+
+    @property
     def load(self) -> str:
         if self.concurrency is not None:
             return f"{self.concurrency} concurrent"
@@ -154,6 +166,7 @@ class _Cluster:
 
     def __init__(self, workload: Workload, config: SimConfig) -> None:
         self.workload, self.config, self.cost = workload, config, config.cost
+        self.think_time = config.think_time
         urls = [f"http://sim-replica-{i}:8000" for i in range(config.replicas)]
         self.pool = ReplicaPool(urls)
         for r in self.pool.replicas:
@@ -302,21 +315,8 @@ class _Cluster:
         self.sessions[s.index] = s
         self.started += 1
         # Sessions do not start in lockstep: the first request after one think time.
-        first = now + self.think(rng)
+        first = now + self.think_time.sample(rng)
         self.push(self.send_time(s, first), _SEND, s.index)
-
-    def think(self, rng: random.Random, recorded_s: float | None = None) -> float:
-        """One think time (a tool's run): the recorded gap ``recorded_s`` cut to the cap
-        where ``think_cap_s`` is set and the recording logged one, else a draw from the
-        session's generator. ``think_s`` 0 is saturation: no think time, recorded or not."""
-        config = self.config
-        if not config.think_s:
-            return 0.0
-        if config.think_cap_s is not None and recorded_s is not None:
-            return min(recorded_s, config.think_cap_s)
-        if config.think_sigma:
-            return rng.lognormvariate(math.log(config.think_s), config.think_sigma)
-        return rng.expovariate(1 / config.think_s)
 
     def send_time(self, s: _Session, t: float) -> float:
         if self.config.send_times is None:
@@ -475,7 +475,7 @@ class _Cluster:
                 result.request_log.append(_record(req, s, routed, now))
         s.step += 1
         if s.step < len(run.steps):
-            think = self.think(s.rng, run.steps[s.step].think_s)
+            think = self.think_time.sample(s.rng, run.steps[s.step].think_s)
             self.push(self.send_time(s, now + think), _SEND, s.index)
         else:
             # The store's TTL would drop the assignment; the policy keeps counting the session

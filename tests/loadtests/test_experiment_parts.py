@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import statistics
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ import pytest
 from gateway.tokens import ChatTokenizer, get_counter
 from gateway.transcript import Message, Text, Transcript
 from loadtests.plan import DEFAULT_CONFIG, PlanError, load_profile, select
-from loadtests.sessions import ThinkTime, build_session
+from loadtests.sessions import build_session
 from loadtests.vllm_metrics import Histogram, Window, parse
 from offline.importers import MessageTime, Trajectory
 
@@ -114,27 +112,6 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
     bad.write_text(text)
     with pytest.raises(PlanError, match="routing must be one of"):
         load_profile("full", bad)
-
-
-def test_think_time_spec() -> None:
-    assert ThinkTime.parse("0").median_s == 0
-    assert ThinkTime.parse("2:0.5") == ThinkTime(2.0, 0.5)
-    with pytest.raises(ValueError, match="MEDIAN"):
-        ThinkTime.parse("soon")
-    with pytest.raises(ValueError, match="cap"):
-        ThinkTime.parse("2", cap_s=-1)
-
-
-def test_think_time_is_the_recorded_gap_capped_else_the_fallback_and_0_saturates() -> None:
-    rng = random.Random(0)
-    think = ThinkTime.parse("2:0.5", cap_s=30)
-    assert think.sample(rng, 4.5) == 4.5
-    assert think.sample(rng, 3600.0) == 30  # a person away for an hour: cut to the cap
-    drawn = [think.sample(rng, None) for _ in range(200)]
-    assert 1.5 < statistics.median(drawn) < 2.5 and len(set(drawn)) == 200
-    assert ThinkTime.parse("0").sample(rng, 4.5) == 0.0  # saturation ignores the recording
-    ignoring = ThinkTime.parse("2:0.5", recorded=False)
-    assert ignoring.sample(random.Random(1), 4.5) == think.sample(random.Random(1), None)
 
 
 def test_session_steps_carry_the_trajectorys_recorded_think_times() -> None:
