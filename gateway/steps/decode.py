@@ -21,7 +21,7 @@ from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
 from gateway.offload import Offload, is_large
 from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
-from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object
+from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object, wide_integer
 from gateway.steps.kept import kept_conversation
 from gateway.tokens import BYTES_PER_TOKEN
 from store import SessionStore
@@ -103,6 +103,10 @@ def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict
         raise DialectError("must be a JSON object", param=PARAMS_HEADER)
     if not within_depth(params, MAX_JSON_DEPTH):
         raise DialectError(f"nested deeper than {MAX_JSON_DEPTH} levels", param=PARAMS_HEADER)
+    if (literal := wide_integer(raw.encode("latin-1"))) is not None:  # as the body's
+        raise DialectError(
+            f"holds the integer {literal}, beyond the 64-bit range", param=PARAMS_HEADER
+        )
     return {**params, **body}
 
 

@@ -133,6 +133,10 @@ BAD = [
     ("input missing", {"model": "m"}),
     ("unknown previous response", {"model": "m", "input": "x", "previous_response_id": "resp_no"}),
     ("bad params header", {"model": "m", "input": "x", "_header": "[1]"}),
+    (
+        "params header with an integer orjson reads as a float",
+        {"model": "m", "input": "x", "_header": '{"logit_bias": {"1": 123456789012345678901}}'},
+    ),
 ]
 
 
