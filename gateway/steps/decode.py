@@ -119,10 +119,18 @@ async def read_json(
     key: tuple[Any, ...] = (),
     items_field: str | None = None,
 ) -> dict[str, Any]:
-    """The body as a JSON object: 413 over ``limit`` bytes, 408 past ``timeout_s``,
-    ``ClientGone`` when the client leaves before its end, 400 for anything but a JSON object
-    nested at most ``MAX_JSON_DEPTH`` levels (``parse_object``; with ``bodies``, after the
-    prefix the session's previous body under ``key`` shares)."""
+    """The body as a JSON object: 415 for a compressed one (it is read as sent), 413 over
+    ``limit`` bytes, 408 past ``timeout_s``, ``ClientGone`` when the client leaves before
+    its end, 400 for anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels
+    (``parse_object``; with ``bodies``, after the prefix the session's previous body under
+    ``key`` shares)."""
+    encoding = request.headers.get("content-encoding", "")
+    if encoding.strip().lower() not in ("", "identity"):
+        raise DialectError(
+            f"{encoding!r} is not supported; send the body uncompressed",
+            param="content-encoding",
+            status=415,
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
