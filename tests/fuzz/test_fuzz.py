@@ -4,8 +4,9 @@ process over the FAKE upstream (``loadtests/fake_upstream.py``): 6,000 per diale
 each backend in a whole test run (``scripts/test.sh``, what CI runs), 2,000 in the fast loop
 (``FOLDGATE_FUZZ_REQUESTS`` sets the number per dialect and backend).
 
-Every answer must be a reply or a 4xx in the dialect's own shape: no 5xx, no connection
-dropped, and a refused request leaves the store exactly as it was (a backend-level write
+Every answer must be a reply or a 4xx in the dialect's own shape (a bare 499 for a client
+that left before its body's end): no 5xx, no connection dropped, and a refused request
+leaves the store exactly as it was (a backend-level write
 counter, read while nothing else runs and the accounting of earlier replies has landed).
 Every request also goes the full path beside the incremental one (``equivalence.py``):
 the re-sent body parsed whole, decoded whole, its history written to a twin store without
@@ -25,7 +26,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -76,13 +77,16 @@ def bodies(dialect_name: str) -> list[dict]:
     return pool(DIALECTS[dialect_name], POOL)
 
 
-def judge(dialect_name: str, answer: Answer) -> str | None:
-    """What is wrong with an answer, or None: dropped, 5xx, or not in the dialect's shape."""
+def judge(dialect_name: str, answer: Answer, cut: bool = False) -> str | None:
+    """What is wrong with an answer, or None: dropped, 5xx, or not in the dialect's shape
+    (``cut``: the client left before its body's end and reads nothing: a bare 499 does)."""
     status = answer.status or 0
     if answer.dropped is not None:
         return answer.dropped
     if status >= 500:
         return f"HTTP {status}"
+    if status == 499 and cut:
+        return None
     if status >= 400:
         return error_shape(dialect_name, answer.body)
     return reply_shape(dialect_name, answer)
@@ -147,16 +151,17 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         decoder.cache = CheckedDecodeCache(
             config.decode_cache_bytes, config.max_messages, mismatches
         )
-        send = functools.partial(post, app, dialect.path)
+
+        def send(req: Request) -> Awaitable[Answer]:
+            return post(app, dialect.path, req.body, req.headers, req.cut)
+
         checked = 0  # refused requests seen to leave the store as it was
         unchecked: list[int] = []  # refused, but beside a request that wrote
         for at in range(0, REQUESTS, CONCURRENCY):
             batch = range(at, min(at + CONCURRENCY, REQUESTS))
             await pipeline.drain()
             before = writes()
-            answers = await asyncio.gather(
-                *(send(requests[n].body, requests[n].headers) for n in batch)
-            )
+            answers = await asyncio.gather(*(send(requests[n]) for n in batch))
             await pipeline.drain()
             wrote = writes() != before
             refused = [
@@ -170,14 +175,14 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
                 unchecked += refused
             for n, answer in zip(batch, answers, strict=True):
                 statuses[answer.status or 0] += 1
-                problem = judge(dialect_name, answer)
+                problem = judge(dialect_name, answer, requests[n].cut is not None)
                 if problem is not None:
                     failed(n, requests[n], answer, problem)
         # Refused requests that ran beside an accepted one: again, alone.
         for n in unchecked:
             await pipeline.drain()
             before = writes()
-            answer = await send(requests[n].body, requests[n].headers)
+            answer = await send(requests[n])
             await pipeline.drain()
             if not 400 <= (answer.status or 0) < 500:
                 continue  # accepted this time (the state moved on): nothing to check
