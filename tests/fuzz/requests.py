@@ -2,13 +2,14 @@
 the dialect strategies (``tests/dialects/strategies.py``), then, per request, one seeded
 mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
 (body or header, UTF-8 among them), vLLM's own request fields, deep nesting at any node,
-random nodes replaced or dropped, broken JSON text, odd headers; and, a few percent, integers
-at orjson's 64-bit edges, controls and lone surrogates in strings, byte order marks,
-duplicate keys, odd content parts, items out of order, wide arrays and objects,
+random nodes replaced or dropped, broken JSON text, odd headers; and, a few percent each,
+integers at orjson's 64-bit edges, controls and lone surrogates in strings, byte order
+marks, duplicate keys, odd content parts, items out of order, wide arrays and objects,
 Content-Encoding claims, bodies cut off by the client's disconnect, a session's history
-edited. About a tenth go out unmutated (and still pass the checks as valid requests do).
-A fifth are a harness's next step: a session's last body grown by more items, half of
-them mutated so. Deterministic for a seed."""
+edited, another tenant under the same session ids, odd API keys. About a tenth go out
+unmutated (and still pass the checks as valid requests do). A fifth are a harness's next
+step: a session's last body grown by more items, half of them mutated so. Deterministic
+for a seed."""
 
 from __future__ import annotations
 
@@ -169,6 +170,15 @@ ODD_PARTS: list[Any] = [
     {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}},
     {"type": "input_text", "text": "x"}, {"type": "output_text", "text": "x"},
 ]  # fmt: skip
+# The other tenant's text (``Mutator.other_tenant``): never in the first tenant's sessions
+# nor in its upstream requests.
+CANARY = "the other tenant's secret"
+# API keys a client may get wrong: none, unknown, odd bytes, another scheme.
+ODD_KEYS: list[list[tuple[bytes, bytes]]] = [
+    [], [(b"authorization", b"Bearer ")], [(b"authorization", b"Bearer nope")],
+    [(b"authorization", b"Basic Zm9vOmJhcg==")], [(b"authorization", b"Bearer \xff\xfe")],
+    [(b"x-api-key", b"\x80" * 300)], [(b"authorization", b"Bearer " + b"k" * 8000)],
+]  # fmt: skip
 # Content-Encoding claims (the gateway reads bodies as sent).
 ENCODINGS = [b"gzip", b"deflate", b"br", b"identity", b"", b"gzip, identity", b"x-custom"]
 STRATEGIES = ["refold", "base", "cliff", "mask", "clip", "refold+cliff", "nope", "", "refold+"]
@@ -201,6 +211,9 @@ class Request:
     kind: str = "valid"
     # Bytes of the body sent before the client disconnects (None: all of it).
     cut: int | None = None
+    # Which of the run's two tenants sends it (its API key is added); None: no key but
+    # what ``headers`` hold.
+    tenant: int | None = 0
 
 
 class Mutator:
@@ -232,6 +245,8 @@ class Mutator:
             (1, self.content_encoding),
             (1, self.cut_body),
             (1, self.edited_history),
+            (1, self.other_tenant),
+            (0.5, self.odd_api_key),
         ]
         self._weights = [w for w, _ in self.mutations]
         self.growing: dict[int, dict[str, Any]] = {}
@@ -492,6 +507,24 @@ class Mutator:
         self.growing[name] = edited
         headers = [(b"x-session-id", f"grow-{name}".encode())]
         return Request(orjson.dumps(edited), headers, kind="edited-history")
+
+    def other_tenant(self, body: dict[str, Any]) -> Request:
+        """The other tenant under a growing session's id, with that session's last body
+        (or ``body``) after an item of its own text (``CANARY``): the two sessions share
+        an id and most bytes, and must share nothing else."""
+        name = self.rng.randrange(GROWING)
+        last = self.growing.get(name, body)
+        items = last.get(self.dialect.items)
+        own = {"role": "user", "content": CANARY}
+        if isinstance(items, list):
+            last = {**last, self.dialect.items: [own, *items]}
+        headers = [(b"x-session-id", f"grow-{name}".encode())]
+        return Request(orjson.dumps(last), headers, kind="other-tenant", tenant=1)
+
+    def odd_api_key(self, body: dict[str, Any]) -> Request:
+        """No API key, an unknown one, odd bytes, another auth scheme: a 401."""
+        headers = list(self.rng.choice(ODD_KEYS))
+        return Request(orjson.dumps(body), headers, kind="api-key", tenant=None)
 
     # --- helpers ---------------------------------------------------------------------
 

@@ -6,8 +6,10 @@ each backend in a whole test run (``scripts/test.sh``, what CI runs), 2,000 in t
 
 Every answer must be a reply or a 4xx in the dialect's own shape (a bare 499 for a client
 that left before its body's end): no 5xx, no connection dropped, and a refused request
-leaves the store exactly as it was (a backend-level write
-counter, read while nothing else runs and the accounting of earlier replies has landed).
+leaves the store exactly as it was (a backend-level write counter, read while nothing
+else runs and the accounting of earlier replies has landed). Requests come from two
+tenants under the same session ids; the other tenant's text (``requests.CANARY``) must
+never reach the first one's sessions or the upstream requests made for it.
 Every request also goes the full path beside the incremental one (``equivalence.py``):
 the re-sent body parsed whole, decoded whole, its history written to a twin store without
 a digest cache; bodies, transcripts, errors and store contents must be equal. The figures
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import os
 import shutil
 import sqlite3
@@ -29,17 +32,20 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
 import gateway.app
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.pipeline import Pipeline
+from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
-from store import open_store
+from store import NotFound, open_store
 from tests.fuzz.equivalence import CheckedBodies, CheckedDecodeCache, MirroredStore
 from tests.fuzz.exchange import Answer, error_shape, post, reply_shape
-from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
+from tests.fuzz.requests import CANARY, DIALECTS, Mutator, Request, pool
 
 # Per dialect and backend. With each request's full path beside it (``equivalence.py``) a
 # request costs about 1.6x what it did without, so scripts/test.sh (CI) runs 6,000, the CPU
@@ -92,6 +98,26 @@ def judge(dialect_name: str, answer: Answer, cut: bool = False) -> str | None:
     return reply_shape(dialect_name, answer)
 
 
+async def other_tenant_text(pipeline: Pipeline, tenant: str, upstream: list[dict]) -> list[str]:
+    """Where the other tenant's text (``CANARY``) shows in ``tenant``'s sessions or in the
+    upstream requests made for it (those carrying its cache salt)."""
+    found = []
+    canary = CANARY.encode()
+    for session in await pipeline.store.list_sessions(tenant):
+        for branch in itertools.count():
+            try:
+                history = await pipeline.store.load(tenant, session, branch)
+            except NotFound:
+                break
+            if canary in orjson.dumps(history.messages):
+                found.append(f"session {session!r}: {str(history.messages)[:300]}")
+    salt = pipeline.tenants.cache_salt(tenant)
+    for body in upstream:
+        if body.get("cache_salt") == salt and canary in orjson.dumps(body):
+            found.append(f"upstream request {str(body)[:300]}")
+    return found
+
+
 @pytest.mark.fuzz
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 @pytest.mark.parametrize("dialect_name", list(DIALECTS))
@@ -108,12 +134,18 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         store_url = f"sqlite:///{folder}/store.db"
     else:
         store_url = request.getfixturevalue("redis_url")
+    # Two tenants: the requests' own, and the other one, which sends under the same
+    # session ids (``Mutator.other_tenant``).
+    run = uuid.uuid4().hex[:8]
+    tenants = (f"fuzz-{run}", f"fuzz-{run}-other")
+    keys = [f"fuzz-key-{run}-{i}" for i in range(2)]
     config = GatewayConfig(
         store_url=store_url,
         replicas=(fake.url,),
         probe_interval_s=3600,
-        default_tenant=f"fuzz-{uuid.uuid4().hex[:8]}",
+        api_keys={hash_key(key): tenant for key, tenant in zip(keys, tenants, strict=True)},
     )
+    authorization = [[(b"authorization", f"Bearer {key}".encode())] for key in keys]
     # The store's 2 s call timeout answers 503 when a loaded machine starves the event loop;
     # outages are the fault tests' subject, answers to hostile input this one's.
     # Every history call is repeated on a twin store without a digest cache (the full path).
@@ -153,7 +185,8 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         )
 
         def send(req: Request) -> Awaitable[Answer]:
-            return post(app, dialect.path, req.body, req.headers, req.cut)
+            key = authorization[req.tenant] if req.tenant is not None else []
+            return post(app, dialect.path, req.body, [*key, *req.headers], req.cut)
 
         checked = 0  # refused requests seen to leave the store as it was
         unchecked: list[int] = []  # refused, but beside a request that wrote
@@ -190,7 +223,9 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
             if writes() != before:
                 failed(n, requests[n], answer, "a refused request wrote to the store")
         await pipeline.drain()
-        await pipeline.store.compare(config.default_tenant)
+        for tenant in tenants:
+            await pipeline.store.compare(tenant)
+        leaks = await other_tenant_text(pipeline, tenants[0], fake.requests)
     elapsed = time.perf_counter() - started
     RESULTS.append(
         {
@@ -207,6 +242,7 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         }
     )
     assert not failures, f"{len(failures)} failures, first: " + "\n".join(failures[:10])
+    assert not leaks, "the other tenant's text reached the first one's: " + "\n".join(leaks[:10])
     assert not mismatches, f"{len(mismatches)} differences from the full path, first: " + "\n".join(
         mismatches[:10]
     )
