@@ -9,7 +9,8 @@ that left before its body's end): no 5xx, no connection dropped, and a refused r
 leaves the store exactly as it was (a backend-level write counter, read while nothing
 else runs and the accounting of earlier replies has landed). Requests come from two
 tenants under the same session ids; the other tenant's text (``requests.CANARY``) must
-never reach the first one's sessions or the upstream requests made for it.
+never reach the first one's sessions or the upstream requests made for it. The re-sent
+sessions' branches at the end must extend what they held halfway (an edit forks).
 Every request also goes the full path beside the incremental one (``equivalence.py``):
 the re-sent body parsed whole, decoded whole, its history written to a twin store without
 a digest cache; bodies, transcripts, errors and store contents must be equal. The figures
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import os
 import shutil
 import sqlite3
@@ -31,6 +31,7 @@ import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -42,10 +43,10 @@ from gateway.config import GatewayConfig
 from gateway.pipeline import Pipeline
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
-from store import NotFound, open_store
+from store import NotFound, SessionStore, open_store
 from tests.fuzz.equivalence import CheckedBodies, CheckedDecodeCache, MirroredStore
 from tests.fuzz.exchange import Answer, error_shape, post, reply_shape
-from tests.fuzz.requests import CANARY, DIALECTS, Mutator, Request, pool
+from tests.fuzz.requests import CANARY, DIALECTS, GROWING, Mutator, Request, pool
 
 # Per dialect and backend. With each request's full path beside it (``equivalence.py``) a
 # request costs about 1.6x what it did without, so scripts/test.sh (CI) runs 6,000, the CPU
@@ -98,19 +99,39 @@ def judge(dialect_name: str, answer: Answer, cut: bool = False) -> str | None:
     return reply_shape(dialect_name, answer)
 
 
+async def branches(store: SessionStore, tenant: str, session: str) -> list[tuple[Any, ...]]:
+    """The messages of each of a session's branches, by branch id (none: no session)."""
+    found: list[tuple[Any, ...]] = []
+    while True:
+        try:
+            found.append((await store.load(tenant, session, len(found))).messages)
+        except NotFound:
+            return found
+
+
+def overwritten(
+    session: str, before: list[tuple[Any, ...]], after: list[tuple[Any, ...]]
+) -> list[str]:
+    """How a session's branches ``after`` fail to extend them ``before`` (the history is
+    append-only: an edit forks)."""
+    if len(after) < len(before):
+        return [f"session {session!r}: {len(before)} branches, then {len(after)}"]
+    return [
+        f"session {session!r} branch {i}: {str(old)[:200]} became {str(new)[:200]}"
+        for i, (old, new) in enumerate(zip(before, after, strict=False))
+        if new[: len(old)] != old
+    ]
+
+
 async def other_tenant_text(pipeline: Pipeline, tenant: str, upstream: list[dict]) -> list[str]:
     """Where the other tenant's text (``CANARY``) shows in ``tenant``'s sessions or in the
     upstream requests made for it (those carrying its cache salt)."""
     found = []
     canary = CANARY.encode()
     for session in await pipeline.store.list_sessions(tenant):
-        for branch in itertools.count():
-            try:
-                history = await pipeline.store.load(tenant, session, branch)
-            except NotFound:
-                break
-            if canary in orjson.dumps(history.messages):
-                found.append(f"session {session!r}: {str(history.messages)[:300]}")
+        for messages in await branches(pipeline.store, tenant, session):
+            if canary in orjson.dumps(messages):
+                found.append(f"session {session!r}: {str(messages)[:300]}")
     salt = pipeline.tenants.cache_salt(tenant)
     for body in upstream:
         if body.get("cache_salt") == salt and canary in orjson.dumps(body):
@@ -190,7 +211,13 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
 
         checked = 0  # refused requests seen to leave the store as it was
         unchecked: list[int] = []  # refused, but beside a request that wrote
+        # The re-sent sessions' branches halfway, which the end must extend.
+        grown = [(t, f"grow-{name}") for t in tenants for name in range(GROWING)]
+        halfway: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for at in range(0, REQUESTS, CONCURRENCY):
+            if not halfway and at >= REQUESTS // 2:
+                await pipeline.drain()
+                halfway = {key: await branches(pipeline.store, *key) for key in grown}
             batch = range(at, min(at + CONCURRENCY, REQUESTS))
             await pipeline.drain()
             before = writes()
@@ -226,6 +253,9 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         for tenant in tenants:
             await pipeline.store.compare(tenant)
         leaks = await other_tenant_text(pipeline, tenants[0], fake.requests)
+        for (tenant, session), before in halfway.items():
+            after = await branches(pipeline.store, tenant, session)
+            failures += overwritten(session, before, after)
     elapsed = time.perf_counter() - started
     RESULTS.append(
         {
