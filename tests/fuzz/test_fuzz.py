@@ -165,6 +165,9 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         replicas=(fake.url,),
         probe_interval_s=3600,
         api_keys={hash_key(key): tenant for key, tenant in zip(keys, tenants, strict=True)},
+        # The first tenant's clients may set vLLM's priority, which the gateway scales.
+        tenants={tenants[0]: {"upstream_fields": ["priority"]}},
+        upstream_priority=True,
     )
     authorization = [[(b"authorization", f"Bearer {key}".encode())] for key in keys]
     # The store's 2 s call timeout answers 503 when a loaded machine starves the event loop;
