@@ -9,8 +9,9 @@ that left before its body's end): no 5xx, no connection dropped, and a refused r
 leaves the store exactly as it was (a backend-level write counter, read while nothing
 else runs and the accounting of earlier replies has landed). Requests come from two
 tenants under the same session ids; the other tenant's text (``requests.CANARY``) must
-never reach the first one's sessions or the upstream requests made for it. The re-sent
-sessions' branches at the end must extend what they held halfway (an edit forks).
+never reach the first one's sessions of those ids or the upstream requests made for it.
+The re-sent sessions' branches at the end must extend what they held halfway (an edit
+forks).
 Every request also goes the full path beside the incremental one (``equivalence.py``):
 the re-sent body parsed whole, decoded whole, its history written to a twin store without
 a digest cache; bodies, transcripts, errors and store contents must be equal. The figures
@@ -40,7 +41,6 @@ import redis
 import gateway.app
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.pipeline import Pipeline
 from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
 from store import NotFound, SessionStore, open_store
@@ -123,19 +123,24 @@ def overwritten(
     ]
 
 
-async def other_tenant_text(pipeline: Pipeline, tenant: str, upstream: list[dict]) -> list[str]:
-    """Where the other tenant's text (``CANARY``) shows in ``tenant``'s sessions or in the
-    upstream requests made for it (those carrying its cache salt)."""
-    found = []
+def other_tenant_text(
+    sessions: dict[str, list[tuple[Any, ...]]], salt: str | None, upstream: list[dict]
+) -> list[str]:
+    """Where the other tenant's text (``CANARY``) shows in the first tenant's ``sessions``
+    (their branches: those whose ids the other tenant sends under) or in the upstream
+    requests made for it (those carrying its cache ``salt``)."""
     canary = CANARY.encode()
-    for session in await pipeline.store.list_sessions(tenant):
-        for messages in await branches(pipeline.store, tenant, session):
-            if canary in orjson.dumps(messages):
-                found.append(f"session {session!r}: {str(messages)[:300]}")
-    salt = pipeline.tenants.cache_salt(tenant)
-    for body in upstream:
-        if body.get("cache_salt") == salt and canary in orjson.dumps(body):
-            found.append(f"upstream request {str(body)[:300]}")
+    found = [
+        f"session {session!r}: {str(messages)[:300]}"
+        for session, history in sessions.items()
+        for messages in history
+        if canary in orjson.dumps(messages)
+    ]
+    found += [
+        f"upstream request {str(body)[:300]}"
+        for body in upstream
+        if body.get("cache_salt") == salt and canary in orjson.dumps(body)
+    ]
     return found
 
 
@@ -255,10 +260,11 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         await pipeline.drain()
         for tenant in tenants:
             await pipeline.store.compare(tenant)
-        leaks = await other_tenant_text(pipeline, tenants[0], fake.requests)
+        end = {key: await branches(pipeline.store, *key) for key in grown}
         for (tenant, session), before in halfway.items():
-            after = await branches(pipeline.store, tenant, session)
-            failures += overwritten(session, before, after)
+            failures += overwritten(session, before, end[tenant, session])
+        first = {session: end[tenant, session] for tenant, session in grown if tenant == tenants[0]}
+        leaks = other_tenant_text(first, pipeline.tenants.cache_salt(tenants[0]), fake.requests)
     elapsed = time.perf_counter() - started
     RESULTS.append(
         {
