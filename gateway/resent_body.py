@@ -204,9 +204,9 @@ def _extend(
     sent: _Sent, raw: bytes | bytearray, hasher: xxhash.xxh3_128
 ) -> tuple[dict[str, Any], _Sent | None] | None:
     """The body of ``raw``, which starts with ``sent``'s prefix (``hasher`` has digested
-        it), parsed from there on, and what to keep of it; None when the rest must be parsed
-        whole (it does not parse framed, names the frame's key or the item array again, or holds
-    an integer orjson would not read exactly)."""
+    it), parsed from there on, and what to keep of it; None when the rest must be parsed
+    whole (it does not parse framed, names the frame's key or the item array again, or
+    holds an integer orjson would not read exactly)."""
     rest = raw[sent.end :]
     if _PLACEHOLDER_ESCAPE in rest or wide_integer(rest) is not None:
         return None
