@@ -43,6 +43,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gateway.dialects.errors import DialectError
+from gateway.dialects.fields import check_fields, integer
 from gateway.fold import STRATEGIES, StrategySpec, parse_spec
 from router import POLICY_NAMES
 
@@ -52,6 +53,9 @@ _SALT_CONTEXT = b"foldgate cache_salt v1\x00"
 # vLLM request fields that schedule requests or move KV and encoder-cache blocks: a
 # tenant sends them only when its settings allow (``upstream_fields``); else dropped.
 GUARDED_FIELDS = frozenset({"priority", "kv_transfer_params", "ec_transfer_params"})
+# A tenant's priority, configured or sent by its clients: the gateway sends it times its
+# classes plus one (``gateway.steps.priority``), which must fit vLLM's (and orjson's) int64.
+PRIORITY_RANGE = (-(2**62), 2**62 - 1)
 CACHE_SALT = "cache_salt"
 # The gateway's own, always dropped from a client's body (``cache_salt`` set after).
 GATEWAY_FIELDS = frozenset({CACHE_SALT, "session_id"})
@@ -164,8 +168,8 @@ class TenantSettings:
     session_bytes: int | None = None
     """Stored history bytes per session (a smaller cap than the store's)."""
     priority: int | None = None
-    """The tenant's vLLM priority with ``upstream_priority`` on (lower runs first; any
-    integer; ``gateway.steps.priority``)."""
+    """The tenant's vLLM priority with ``upstream_priority`` on (lower runs first; an
+    integer in ``PRIORITY_RANGE``; ``gateway.steps.priority``)."""
 
     @classmethod
     def parse(cls, tenant: str, raw: Mapping[str, Any]) -> TenantSettings:
@@ -189,8 +193,15 @@ class TenantSettings:
                 f"tenants.{tenant}.policy: {policy!r} is not one of {', '.join(POLICY_NAMES)}"
             )
         priority = values.get("priority")
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise ValueError(f"tenants.{tenant}.priority must be an integer")
+        if priority is not None and (
+            not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+        ):
+            raise ValueError(
+                f"tenants.{tenant}.priority must be an integer between {PRIORITY_RANGE[0]} "
+                f"and {PRIORITY_RANGE[1]}"
+            )
         for name in known - {"strategy", "policy", "upstream_fields", "priority"}:
             value = values.get(name)
             if value is not None and (
@@ -255,14 +266,17 @@ class Tenants:
     def check_request_fields(self, tenant: str, body: Mapping[str, Any]) -> None:
         """Refuse (400 naming it) a vLLM field in a client's body that ``REFUSED_FIELDS``
         lists and the tenant's ``upstream_fields`` do not allow, unless its value means
-        what leaving it out means (null: absent), and template arguments in
-        ``chat_template_kwargs``."""
+        what leaving it out means (null: absent), template arguments in
+        ``chat_template_kwargs``, and an allowed ``priority`` that is no integer in
+        ``PRIORITY_RANGE``."""
         allowed = self.settings(tenant).upstream_fields
         for name in sorted(REFUSED_FIELDS.keys() & body.keys() - allowed):
             if REFUSED_FIELDS[name].changes(body[name]):
                 raise DialectError(
                     f"{name} is not accepted: {REFUSED_FIELDS[name].why}", param=name
                 )
+        if "priority" in allowed:  # the gateway reads it, and sends it scaled
+            check_fields(body, {"priority": integer(*PRIORITY_RANGE)})
         kwargs = body.get("chat_template_kwargs")
         arguments = (
             sorted(TEMPLATE_ARGUMENTS.intersection(kwargs)) if isinstance(kwargs, Mapping) else []

@@ -20,6 +20,7 @@ from gateway.fold.json_output import unwrap
 from gateway.fold.protocol import parse_reply
 from gateway.fold.references import anchors, said
 from gateway.fold.spans import split_spans
+from gateway.resent_body import wide_integer
 from gateway.steps.reply_filter import text_restore
 from gateway.transcript import text_message
 
@@ -47,6 +48,18 @@ SHAPES: dict[str, tuple[Callable[[int], str], Callable[[str], object]]] = {
         lambda text: said(text_message("assistant", text)),
     ),
     "a Codex output of escapes": (lambda n: '{"output": "' + "\\n" * (n // 2) + '"}', unwrap),
+    # A body scanned for integers orjson would read as floats: a 19-digit run in a string
+    # of escapes, after numbers of every length.
+    "19 digits among escapes and numbers": (
+        lambda n: (
+            '{"a": "'
+            + '\\"' * (n // 4)
+            + '1234567890123456789", "b": ['
+            + ",".join(["-1.5e+7", "123456789012345678", "9" * 19] * (n // 200 + 1))
+            + "]}"
+        ),
+        lambda text: wide_integer(text.encode()),
+    ),
 }
 
 TOTAL = 16_000  # characters per timing; pieces of SHORT and 4 * SHORT characters

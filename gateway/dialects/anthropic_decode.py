@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.dialects.anthropic_context import CONTEXT_MANAGEMENT, parse_context_management
+from gateway.dialects.convert import SOURCED_PARTS, check_source
 from gateway.dialects.errors import DialectError
 from gateway.dialects.fields import (
     ANTHROPIC,
@@ -223,12 +224,8 @@ def _decode_block(raw: Any, path: str, role: str, issued: set[str]) -> Part:
         issued.add(call_id)
         meta = make_meta(ANTHROPIC, fields=fields("id", "name", "input"))
         return ToolCall(call_id, name, json.dumps(arguments, ensure_ascii=False), meta)
-    if kind in ("image", "document"):
-        # Read when written upstream in chat form (``convert.part_to_openai``).
-        source = expect_object(require(block, "source", path), f"{path}.source")
-        for key in ("type", "media_type", "data", "url"):
-            if key in source:
-                expect_str(source[key], f"{path}.source.{key}")
+    if kind in SOURCED_PARTS:
+        check_source(block, path)
     return Opaque(dict(block))
 
 

@@ -11,7 +11,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.dialects.fields import ANTHROPIC, OPENAI, DialectName
+from gateway.dialects.fields import (
+    ANTHROPIC,
+    OPENAI,
+    DialectName,
+    expect_object,
+    expect_str,
+    require,
+)
 
 _EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
@@ -144,6 +151,19 @@ def params_to_anthropic(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def _placeholder(kind: str, dialect: DialectName) -> dict[str, Any]:
     return {"type": "text", "text": f"[{kind} content omitted: not supported by {dialect}]"}
+
+
+# Anthropic's part types whose ``source`` ``part_to_openai`` reads.
+SOURCED_PARTS = frozenset({"image", "document"})
+
+
+def check_source(part: Mapping[str, Any], path: str) -> None:
+    """A request's image or document part (``SOURCED_PARTS``), whichever dialect sent it:
+    its ``source`` as ``part_to_openai`` reads it, an object of string fields."""
+    source = expect_object(require(part, "source", path), f"{path}.source")
+    for key in ("type", "media_type", "data", "url"):
+        if key in source:
+            expect_str(source[key], f"{path}.source.{key}")
 
 
 def part_to_openai(data: Mapping[str, Any]) -> dict[str, Any]:

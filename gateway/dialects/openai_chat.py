@@ -23,7 +23,13 @@ from typing import Any
 
 from gateway.dialects.base import Chunks, Dialect, Exchange
 from gateway.dialects.chunks import ChunkAccumulator, format_sse
-from gateway.dialects.convert import params_to_openai, part_to_openai, to_openai_tools
+from gateway.dialects.convert import (
+    SOURCED_PARTS,
+    check_source,
+    params_to_openai,
+    part_to_openai,
+    to_openai_tools,
+)
 from gateway.dialects.errors import ERROR_KINDS, DialectError, ErrorKind, mid_stream_error
 from gateway.dialects.fields import (
     ANTHROPIC,
@@ -190,6 +196,8 @@ def _decode_content(msg: Mapping[str, Any], role: Role, path: str) -> tuple[list
 def _decode_part(raw: Any, path: str) -> ContentPart:
     part = expect_object(raw, path)
     kind = expect_str(require(part, "type", path), f"{path}.type")
+    if kind in SOURCED_PARTS:  # an Anthropic part, converted upstream
+        check_source(part, path)
     if kind != "text":
         return Opaque(dict(part))
     text = expect_str(require(part, "text", path), f"{path}.text")

@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from gateway.config import GatewayConfig
 from gateway.dialects.base import Dialect
 from gateway.dialects.errors import DialectError, too_large
 from gateway.dialects.fields import within_depth
+from gateway.disconnect import ClientGone
 from gateway.offload import Offload, is_large
 from gateway.request_cache import DecodeCache, Decoded, continued, session_ids
-from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object
+from gateway.resent_body import MAX_JSON_DEPTH, ResentBodies, parse_object, wide_integer
 from gateway.steps.kept import kept_conversation
 from gateway.tokens import BYTES_PER_TOKEN
 from store import SessionStore
@@ -103,6 +104,10 @@ def with_header_params(body: dict[str, Any], headers: Mapping[str, str]) -> dict
         raise DialectError("must be a JSON object", param=PARAMS_HEADER)
     if not within_depth(params, MAX_JSON_DEPTH):
         raise DialectError(f"nested deeper than {MAX_JSON_DEPTH} levels", param=PARAMS_HEADER)
+    if (literal := wide_integer(raw.encode("latin-1"))) is not None:  # as the body's
+        raise DialectError(
+            f"holds the integer {literal}, beyond the 64-bit range", param=PARAMS_HEADER
+        )
     return {**params, **body}
 
 
@@ -114,9 +119,18 @@ async def read_json(
     key: tuple[Any, ...] = (),
     items_field: str | None = None,
 ) -> dict[str, Any]:
-    """The body as a JSON object: 413 over ``limit`` bytes, 408 past ``timeout_s``, 400 for
-    anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels (``parse_object``;
-    with ``bodies``, after the prefix the session's previous body under ``key`` shares)."""
+    """The body as a JSON object: 415 for a compressed one (it is read as sent), 413 over
+    ``limit`` bytes, 408 past ``timeout_s``, ``ClientGone`` when the client leaves before
+    its end, 400 for anything but a JSON object nested at most ``MAX_JSON_DEPTH`` levels
+    (``parse_object``; with ``bodies``, after the prefix the session's previous body under
+    ``key`` shares)."""
+    encoding = request.headers.get("content-encoding", "")
+    if encoding.strip().lower() not in ("", "identity"):
+        raise DialectError(
+            f"{encoding!r} is not supported; send the body uncompressed",
+            param="content-encoding",
+            status=415,
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit}")
@@ -131,6 +145,8 @@ async def read_json(
         raise DialectError(
             f"request body not received within {timeout_s:g} s", status=408, kind="timeout_error"
         ) from exc
+    except ClientDisconnect as exc:  # gone before the body's end: no one reads an answer
+        raise ClientGone from exc
     if bodies is None:
         return parse_object(raw)
     return bodies.parse(raw, key, items_field)

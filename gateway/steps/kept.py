@@ -12,6 +12,7 @@ from gateway.dialects.errors import DialectError
 from gateway.steps.ingest import Ingested, Stored
 from gateway.transcript import Message
 from store import NotFound, SessionStore
+from store.checks import check_id
 
 
 async def remember_reply(
@@ -32,6 +33,12 @@ async def kept_conversation(
     store: SessionStore, tenant: str, reply_id: str
 ) -> tuple[str, list[Message]]:
     """The session of a kept reply and its conversation up to and including the reply."""
+    try:
+        check_id("response id", reply_id)
+    except ValueError as exc:  # the store keeps no reply under such an id, nor looks one up
+        raise DialectError(
+            str(exc), param="previous_response_id", code="previous_response_not_found"
+        ) from exc
     data = await store.get_reply(tenant, reply_id)
     if data is None:
         raise DialectError(

@@ -140,6 +140,23 @@ def test_decode_reply_rejects_non_assistant() -> None:
             "messages[0].tool_call_id",
             "does not answer",
         ),
+        # An Anthropic image or document part is converted upstream (``part_to_openai``):
+        # its source is checked as the Anthropic dialect checks it (it raised there, a 500).
+        (
+            _body({"role": "user", "content": [{"type": "image", "source": "x"}]}),
+            "messages[0].content[0].source",
+            "object",
+        ),
+        (
+            _body({"role": "user", "content": [{"type": "document", "source": {"data": 1}}]}),
+            "messages[0].content[0].source.data",
+            "string",
+        ),
+        (
+            _body({"role": "user", "content": [{"type": "image"}]}),
+            "messages[0].content[0].source",
+            "missing",
+        ),
         (_body({"role": "user", "content": "x"}, tools={}), "tools", "array"),
         (_body({"role": "user", "content": "x"}, tools=["bash"]), "tools[0]", "object"),
         (

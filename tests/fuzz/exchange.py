@@ -22,7 +22,15 @@ class Answer:
     dropped: str | None  # why the connection would have been dropped, else None
 
 
-async def post(app: FastAPI, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
+async def post(
+    app: FastAPI,
+    path: str,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    cut: int | None = None,
+) -> Answer:
+    """``body`` POSTed to ``path``; with ``cut``, the client sends that many of its bytes
+    (the body not ended) and disconnects."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -51,7 +59,11 @@ async def post(app: FastAPI, path: str, body: bytes, headers: list[tuple[bytes, 
         nonlocal received
         if not received:
             received = True
+            if cut is not None:
+                return {"type": "http.request", "body": body[:cut], "more_body": True}
             return {"type": "http.request", "body": body, "more_body": False}
+        if cut is not None:
+            return {"type": "http.disconnect"}
         await finished.wait()  # the client stays until the response is complete
         return {"type": "http.disconnect"}
 

@@ -2,15 +2,21 @@
 the dialect strategies (``tests/dialects/strategies.py``), then, per request, one seeded
 mutation of a pooled body: wrong types in the fields the gateway reads, odd session ids
 (body or header, UTF-8 among them), vLLM's own request fields, deep nesting at any node,
-random nodes replaced or dropped, broken JSON text, odd headers. About a tenth go out
+random nodes replaced or dropped, broken JSON text, odd headers; and, a few percent each,
+integers at orjson's 64-bit edges, controls and lone surrogates in strings, byte order
+marks, duplicate keys, odd content parts, items out of order, wide arrays and objects,
+Content-Encoding claims, bodies cut off by the client's disconnect, a session's history
+edited, another tenant under the same session ids, odd API keys. About a tenth go out
 unmutated (and still pass the checks as valid requests do). A fifth are a harness's next
 step: a session's last body grown by more items, half of them mutated so. Deterministic
 for a seed."""
 
 from __future__ import annotations
 
+import gzip
 import random
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,10 @@ DIALECTS = {
             "model": [1, None],
             "tools": ["bash", [1]],
             "stream_options": ["yes", 1],
+            "top_logprobs": [-1, 21, "5", 1.5, 2**63],
+            "logprobs": _BAD_BOOL,
+            "seed": [2**63, "1", 1.5],
+            "presence_penalty": _BAD_NUMBER,
         },
         (("prompt_cache_key",), ("metadata", "session_id"), ("user",)),
     ),
@@ -89,8 +99,11 @@ DIALECTS = {
             "instructions": [1, []],
             "tools": ["x", [1]],
             "tool_choice": [1, {"type": "web_search"}],
-            "previous_response_id": [1, "resp_unknown"],
+            "previous_response_id": [1, "resp_unknown", "resp_\x00", "r" * 600, ""],
             "background": [True],
+            "top_logprobs": [-1, 21, "5"],
+            "max_tool_calls": [0, "2", 1.5],
+            "parallel_tool_calls": _BAD_BOOL,
         },
         (("prompt_cache_key",), ("metadata", "session_id")),
         "input",
@@ -124,7 +137,8 @@ VLLM_FIELDS: list[tuple[str, Any]] = [
     ("chat_template_kwargs", {"enable_thinking": False}),
     ("chat_template_kwargs", {"messages": []}), ("chat_template_kwargs", {"eos_token": "x"}),
     ("chat_template_kwargs", "x"), ("cache_salt", "mine"), ("session_id", "other"),
-    ("priority", -5), ("kv_transfer_params", {}), ("ec_transfer_params", {}),
+    ("priority", -5), ("priority", "1"), ("priority", 2**63), ("priority", 1.5),
+    ("kv_transfer_params", {}), ("ec_transfer_params", {}),
     ("top_k", 5), ("min_tokens", 1),
 ]  # fmt: skip
 JUNK: list[Any] = [None, True, -1, 0, 2**40, 1.5, "", "x", [], {}, [None], {"": None}]
@@ -134,6 +148,47 @@ LONG = 50_000  # characters of a long run; tens of thousands stalled the loop fo
 # Characters whose long runs made regexes backtrack: path and line separators, spaces,
 # brackets, markup, the text of a word.
 RUNS = ["/", " ", "\t", "[", "{", "#", "-", "*", "`", ":", "a", "0", "\\", "é"]
+# Integer literals at orjson's edges: past them it reads a float (the value changed).
+INTEGER_EDGES = [
+    b"-9223372036854775809", b"-9223372036854775808", b"9223372036854775807",
+    b"18446744073709551615", b"18446744073709551616", b"-18446744073709551616",
+    b"123456789012345678901234567890", b"1" + b"0" * 400,
+]  # fmt: skip
+# JSON strings holding what text handling chokes on: NUL and C0/C1 controls, a BOM, line
+# and paragraph separators, lone surrogates (escaped: orjson refuses them), a raw control
+# character (invalid JSON), NUL in a key.
+CONTROL_TEXT = [
+    b'"a\\u0000b"', b'"\\u0000"', b'"\\u001b[31mred"', b'"c1\\u0085\\u009f"',
+    b'"\\ufeffbom"', b'"a\\u2028b\\u2029"', b'"\\ud800"', b'"x\\udfffy"',
+    b'"\\ud83d\\ude00"', b'"raw\x01ctl"', b'"raw\x00nul"', b'{"\\u0000k": 1}',
+    b'"\\uffff\\ufffe"',
+]  # fmt: skip
+# Content parts of unknown or mixed types, image parts of every dialect (good and bad),
+# text parts without text: some dialects keep them opaque, others refuse them.
+ODD_PARTS: list[Any] = [
+    {"type": "wat"}, {}, {"type": None}, {"type": "text"}, {"type": "text", "text": 1},
+    {"type": "image_url", "image_url": 5}, {"type": "image_url"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}},
+    {"type": "image", "source": "x"}, {"type": "image", "source": {"type": "url", "url": 1}},
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}},
+    {"type": "input_image"}, {"type": "input_image", "image_url": "https://e.com/a.png"},
+    {"type": "input_file", "file_id": "f"}, {"type": "tool_result", "tool_use_id": "x"},
+    {"type": "tool_use", "id": "t", "name": "n", "input": {}}, {"type": "thinking"},
+    {"type": "refusal", "refusal": "no"}, {"type": "input_audio", "input_audio": None},
+    {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}},
+    {"type": "input_text", "text": "x"}, {"type": "output_text", "text": "x"},
+]  # fmt: skip
+# The other tenant's text (``Mutator.other_tenant``): never in the first tenant's sessions
+# nor in its upstream requests.
+CANARY = "the other tenant's secret"
+# API keys a client may get wrong: none, unknown, odd bytes, another scheme.
+ODD_KEYS: list[list[tuple[bytes, bytes]]] = [
+    [], [(b"authorization", b"Bearer ")], [(b"authorization", b"Bearer nope")],
+    [(b"authorization", b"Basic Zm9vOmJhcg==")], [(b"authorization", b"Bearer \xff\xfe")],
+    [(b"x-api-key", b"\x80" * 300)], [(b"authorization", b"Bearer " + b"k" * 8000)],
+]  # fmt: skip
+# Content-Encoding claims (the gateway reads bodies as sent).
+ENCODINGS = [b"gzip", b"deflate", b"br", b"identity", b"", b"gzip, identity", b"x-custom"]
 STRATEGIES = ["refold", "base", "cliff", "mask", "clip", "refold+cliff", "nope", "", "refold+"]
 
 
@@ -162,6 +217,11 @@ class Request:
     body: bytes
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     kind: str = "valid"
+    # Bytes of the body sent before the client disconnects (None: all of it).
+    cut: int | None = None
+    # Which of the run's two tenants sends it (its API key is added); None: no key but
+    # what ``headers`` hold.
+    tenant: int | None = 0
 
 
 class Mutator:
@@ -183,6 +243,18 @@ class Mutator:
             (3, self.odd_params_header),
             (5, self.vllm_field),
             (3, self.long_run),
+            (1, self.integer_edge),
+            (1, self.control_text),
+            (1, self.byte_order_mark),
+            (1, self.duplicate_key),
+            (1, self.odd_parts),
+            (1, self.reordered_items),
+            (1, self.wide),
+            (1, self.content_encoding),
+            (1, self.cut_body),
+            (1, self.edited_history),
+            (1, self.other_tenant),
+            (0.5, self.odd_api_key),
         ]
         self._weights = [w for w, _ in self.mutations]
         self.growing: dict[int, dict[str, Any]] = {}
@@ -319,6 +391,148 @@ class Mutator:
              b'{"x":' + b"[" * 300 + b"]" * 300 + b"}"]
         )  # fmt: skip
         return Request(orjson.dumps(body), [(b"x-foldgate-params", value)], kind="params-header")
+
+    def integer_edge(self, body: dict[str, Any]) -> Request:
+        """An integer literal at or past orjson's 64-bit edges in place of a value, half
+        the time a number field the gateway reads."""
+        literal = self.rng.choice(INTEGER_EDGES)
+        if self.rng.random() < 0.5:
+            name = self.rng.choice(list(self.dialect.typed))
+            body[name] = "@@splice@@"
+            raw = orjson.dumps(body).replace(b'"@@splice@@"', literal, 1)
+            return Request(raw, kind="integer-edge")
+        return self._splice(body, literal, kind="integer-edge")
+
+    def control_text(self, body: dict[str, Any]) -> Request:
+        """NUL, controls, a BOM, separators or lone surrogates in place of one of the
+        body's strings (a message's text, an id, a tool output), or of any value."""
+        strings = [(p, k) for p, k in self._nodes(body) if isinstance(p[k], str)]
+        parent, key = self.rng.choice(strings) if strings else self._node(body)
+        parent[key] = "@@splice@@"
+        raw = orjson.dumps(body).replace(b'"@@splice@@"', self.rng.choice(CONTROL_TEXT), 1)
+        return Request(raw, kind="control-text")
+
+    def byte_order_mark(self, body: dict[str, Any]) -> Request:
+        """The body after a UTF-8 byte order mark, or in UTF-16 with its own."""
+        raw = orjson.dumps(body)
+        if self.rng.random() < 0.5:
+            return Request(b"\xef\xbb\xbf" + raw, kind="bom")
+        return Request(raw.decode().encode("utf-16"), kind="bom")
+
+    def duplicate_key(self, body: dict[str, Any]) -> Request:
+        """A top-level key written twice, the other value first or last (orjson keeps
+        the last): the item array, ``stream``, ``model`` or any of the body's."""
+        raw = orjson.dumps(body)
+        key = self.rng.choice([*body, self.dialect.items, "stream", "model"])
+        if key == self.dialect.items and isinstance(body.get(key), list):
+            value: Any = body[key][: self.rng.randrange(len(body[key]) + 1)]
+        else:
+            value = self.rng.choice([*JUNK, True, False, "other"])
+        pair = orjson.dumps({key: value})[1:-1]
+        if self.rng.random() < 0.5 or raw == b"{}":
+            raw = b"{" + pair + (b"," + raw[1:] if raw != b"{}" else b"}")
+        else:
+            raw = raw[:-1] + b"," + pair + b"}"
+        return Request(raw, kind="duplicate-key")
+
+    def odd_parts(self, body: dict[str, Any]) -> Request:
+        """A message's content as a list of parts of unknown or mixed types, image parts
+        and text parts without text, beside a good text part or not."""
+        items = body.get(self.dialect.items)
+        messages = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+        if not messages:
+            return self.replace_node(body)
+        parts = self.rng.sample(ODD_PARTS, self.rng.choice([1, 1, 2, 3]))
+        if self.rng.random() < 0.5:
+            parts.insert(self.rng.randrange(len(parts) + 1), {"type": "text", "text": "ok"})
+        self.rng.choice(messages)["content"] = orjson.loads(orjson.dumps(parts))
+        return Request(orjson.dumps(body), kind="odd-parts")
+
+    def reordered_items(self, body: dict[str, Any]) -> Request:
+        """The item array out of order: shuffled, reversed, or one item moved to the front
+        (a tool result before its call, the assistant first, a system turn last)."""
+        items = body.get(self.dialect.items)
+        if not isinstance(items, list) or len(items) < 2:
+            return self.drop_node(body)
+        how = self.rng.randrange(3)
+        if how == 0:
+            self.rng.shuffle(items)
+        elif how == 1:
+            items.reverse()
+        else:
+            items.insert(0, items.pop(self.rng.randrange(1, len(items))))
+        return Request(orjson.dumps(body), kind="reordered")
+
+    def wide(self, body: dict[str, Any]) -> Request:
+        """A value replaced by a wide array or object: hundreds to thousands of items, keys
+        or parts (wider costs the run more and finds nothing more: ``test_stall`` sends
+        200,000 messages)."""
+        count = self.rng.choice([300, 1_000, 3_000])
+        how = self.rng.randrange(3)
+        if how == 0:
+            value: Any = [self.rng.choice(JUNK) for _ in range(count)]
+        elif how == 1:
+            value = {f"k{i}": i for i in range(count)}
+        else:
+            value = [{"type": "text", "text": "p"}] * count
+        parent, key = self._node(body)
+        parent[key] = value
+        return Request(orjson.dumps(body), kind="wide")
+
+    def content_encoding(self, body: dict[str, Any]) -> Request:
+        """A Content-Encoding claim, the body compressed as claimed or sent plain."""
+        encoding = self.rng.choice(ENCODINGS)
+        raw = orjson.dumps(body)
+        if self.rng.random() < 0.5:
+            raw = gzip.compress(raw) if encoding.startswith(b"gzip") else zlib.compress(raw)
+        return Request(raw, [(b"content-encoding", encoding)], kind="content-encoding")
+
+    def cut_body(self, body: dict[str, Any]) -> Request:
+        """The client disconnects after part of its body (a chunked body cut midway, a
+        Content-Length never reached), or after all of it but before saying it ended."""
+        raw = orjson.dumps(body)
+        return Request(raw, cut=self.rng.randrange(len(raw) + 1), kind="cut")
+
+    def edited_history(self, body: dict[str, Any]) -> Request:
+        """A growing session's last body with an earlier item edited, dropped or
+        duplicated (a harness's rewrite, an edited prompt): it must fork, never overwrite;
+        the session goes on from the edit."""
+        name = self.rng.randrange(GROWING)
+        last = self.growing.get(name)
+        items = last.get(self.dialect.items) if last is not None else None
+        if not isinstance(items, list) or not items:
+            return self.grown(body)
+        items = orjson.loads(orjson.dumps(items))
+        at = self.rng.randrange(len(items))
+        how = self.rng.randrange(3)
+        if how == 0 and isinstance(items[at], dict):
+            items[at]["content"] = f"edited {self.rng.randrange(1000)}"
+        elif how == 1 and len(items) > 1:
+            del items[at]
+        else:
+            items.insert(at, items[at])
+        edited = {**last, self.dialect.items: items}
+        self.growing[name] = edited
+        headers = [(b"x-session-id", f"grow-{name}".encode())]
+        return Request(orjson.dumps(edited), headers, kind="edited-history")
+
+    def other_tenant(self, body: dict[str, Any]) -> Request:
+        """The other tenant under a growing session's id, with that session's last body
+        (or ``body``) after an item of its own text (``CANARY``): the two sessions share
+        an id and most bytes, and must share nothing else."""
+        name = self.rng.randrange(GROWING)
+        last = self.growing.get(name, body)
+        items = last.get(self.dialect.items)
+        own = {"role": "user", "content": CANARY}
+        if isinstance(items, list):
+            last = {**last, self.dialect.items: [own, *items]}
+        headers = [(b"x-session-id", f"grow-{name}".encode())]
+        return Request(orjson.dumps(last), headers, kind="other-tenant", tenant=1)
+
+    def odd_api_key(self, body: dict[str, Any]) -> Request:
+        """No API key, an unknown one, odd bytes, another auth scheme: a 401."""
+        headers = list(self.rng.choice(ODD_KEYS))
+        return Request(orjson.dumps(body), headers, kind="api-key", tenant=None)
 
     # --- helpers ---------------------------------------------------------------------
 

@@ -4,9 +4,14 @@ process over the FAKE upstream (``loadtests/fake_upstream.py``): 6,000 per diale
 each backend in a whole test run (``scripts/test.sh``, what CI runs), 2,000 in the fast loop
 (``FOLDGATE_FUZZ_REQUESTS`` sets the number per dialect and backend).
 
-Every answer must be a reply or a 4xx in the dialect's own shape: no 5xx, no connection
-dropped, and a refused request leaves the store exactly as it was (a backend-level write
-counter, read while nothing else runs and the accounting of earlier replies has landed).
+Every answer must be a reply or a 4xx in the dialect's own shape (a bare 499 for a client
+that left before its body's end): no 5xx, no connection dropped, and a refused request
+leaves the store exactly as it was (a backend-level write counter, read while nothing
+else runs and the accounting of earlier replies has landed). Requests come from two
+tenants under the same session ids; the other tenant's text (``requests.CANARY``) must
+never reach the first one's sessions of those ids or the upstream requests made for it.
+The re-sent sessions' branches at the end must extend what they held halfway (an edit
+forks).
 Every request also goes the full path beside the incremental one (``equivalence.py``):
 the re-sent body parsed whole, decoded whole, its history written to a twin store without
 a digest cache; bodies, transcripts, errors and store contents must be equal. The figures
@@ -25,20 +30,23 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 import redis
 
 import gateway.app
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.tenants import hash_key
 from loadtests.fake_upstream import FakeUpstream
-from store import open_store
+from store import NotFound, SessionStore, open_store
 from tests.fuzz.equivalence import CheckedBodies, CheckedDecodeCache, MirroredStore
 from tests.fuzz.exchange import Answer, error_shape, post, reply_shape
-from tests.fuzz.requests import DIALECTS, Mutator, Request, pool
+from tests.fuzz.requests import CANARY, DIALECTS, GROWING, Mutator, Request, pool
 
 # Per dialect and backend. With each request's full path beside it (``equivalence.py``) a
 # request costs about 1.6x what it did without, so scripts/test.sh (CI) runs 6,000, the CPU
@@ -76,16 +84,64 @@ def bodies(dialect_name: str) -> list[dict]:
     return pool(DIALECTS[dialect_name], POOL)
 
 
-def judge(dialect_name: str, answer: Answer) -> str | None:
-    """What is wrong with an answer, or None: dropped, 5xx, or not in the dialect's shape."""
+def judge(dialect_name: str, answer: Answer, cut: bool = False) -> str | None:
+    """What is wrong with an answer, or None: dropped, 5xx, or not in the dialect's shape
+    (``cut``: the client left before its body's end and reads nothing: a bare 499 does)."""
     status = answer.status or 0
     if answer.dropped is not None:
         return answer.dropped
     if status >= 500:
         return f"HTTP {status}"
+    if status == 499 and cut:
+        return None
     if status >= 400:
         return error_shape(dialect_name, answer.body)
     return reply_shape(dialect_name, answer)
+
+
+async def branches(store: SessionStore, tenant: str, session: str) -> list[tuple[Any, ...]]:
+    """The messages of each of a session's branches, by branch id (none: no session)."""
+    found: list[tuple[Any, ...]] = []
+    while True:
+        try:
+            found.append((await store.load(tenant, session, len(found))).messages)
+        except NotFound:
+            return found
+
+
+def overwritten(
+    session: str, before: list[tuple[Any, ...]], after: list[tuple[Any, ...]]
+) -> list[str]:
+    """How a session's branches ``after`` fail to extend them ``before`` (the history is
+    append-only: an edit forks)."""
+    if len(after) < len(before):
+        return [f"session {session!r}: {len(before)} branches, then {len(after)}"]
+    return [
+        f"session {session!r} branch {i}: {str(old)[:200]} became {str(new)[:200]}"
+        for i, (old, new) in enumerate(zip(before, after, strict=False))
+        if new[: len(old)] != old
+    ]
+
+
+def other_tenant_text(
+    sessions: dict[str, list[tuple[Any, ...]]], salt: str | None, upstream: list[dict]
+) -> list[str]:
+    """Where the other tenant's text (``CANARY``) shows in the first tenant's ``sessions``
+    (their branches: those whose ids the other tenant sends under) or in the upstream
+    requests made for it (those carrying its cache ``salt``)."""
+    canary = CANARY.encode()
+    found = [
+        f"session {session!r}: {str(messages)[:300]}"
+        for session, history in sessions.items()
+        for messages in history
+        if canary in orjson.dumps(messages)
+    ]
+    found += [
+        f"upstream request {str(body)[:300]}"
+        for body in upstream
+        if body.get("cache_salt") == salt and canary in orjson.dumps(body)
+    ]
+    return found
 
 
 @pytest.mark.fuzz
@@ -104,12 +160,21 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         store_url = f"sqlite:///{folder}/store.db"
     else:
         store_url = request.getfixturevalue("redis_url")
+    # Two tenants: the requests' own, and the other one, which sends under the same
+    # session ids (``Mutator.other_tenant``).
+    run = uuid.uuid4().hex[:8]
+    tenants = (f"fuzz-{run}", f"fuzz-{run}-other")
+    keys = [f"fuzz-key-{run}-{i}" for i in range(2)]
     config = GatewayConfig(
         store_url=store_url,
         replicas=(fake.url,),
         probe_interval_s=3600,
-        default_tenant=f"fuzz-{uuid.uuid4().hex[:8]}",
+        api_keys={hash_key(key): tenant for key, tenant in zip(keys, tenants, strict=True)},
+        # The first tenant's clients may set vLLM's priority, which the gateway scales.
+        tenants={tenants[0]: {"upstream_fields": ["priority"]}},
+        upstream_priority=True,
     )
+    authorization = [[(b"authorization", f"Bearer {key}".encode())] for key in keys]
     # The store's 2 s call timeout answers 503 when a loaded machine starves the event loop;
     # outages are the fault tests' subject, answers to hostile input this one's.
     # Every history call is repeated on a twin store without a digest cache (the full path).
@@ -147,16 +212,24 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         decoder.cache = CheckedDecodeCache(
             config.decode_cache_bytes, config.max_messages, mismatches
         )
-        send = functools.partial(post, app, dialect.path)
+
+        def send(req: Request) -> Awaitable[Answer]:
+            key = authorization[req.tenant] if req.tenant is not None else []
+            return post(app, dialect.path, req.body, [*key, *req.headers], req.cut)
+
         checked = 0  # refused requests seen to leave the store as it was
         unchecked: list[int] = []  # refused, but beside a request that wrote
+        # The re-sent sessions' branches halfway, which the end must extend.
+        grown = [(t, f"grow-{name}") for t in tenants for name in range(GROWING)]
+        halfway: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         for at in range(0, REQUESTS, CONCURRENCY):
+            if not halfway and at >= REQUESTS // 2:
+                await pipeline.drain()
+                halfway = {key: await branches(pipeline.store, *key) for key in grown}
             batch = range(at, min(at + CONCURRENCY, REQUESTS))
             await pipeline.drain()
             before = writes()
-            answers = await asyncio.gather(
-                *(send(requests[n].body, requests[n].headers) for n in batch)
-            )
+            answers = await asyncio.gather(*(send(requests[n]) for n in batch))
             await pipeline.drain()
             wrote = writes() != before
             refused = [
@@ -170,14 +243,14 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
                 unchecked += refused
             for n, answer in zip(batch, answers, strict=True):
                 statuses[answer.status or 0] += 1
-                problem = judge(dialect_name, answer)
+                problem = judge(dialect_name, answer, requests[n].cut is not None)
                 if problem is not None:
                     failed(n, requests[n], answer, problem)
         # Refused requests that ran beside an accepted one: again, alone.
         for n in unchecked:
             await pipeline.drain()
             before = writes()
-            answer = await send(requests[n].body, requests[n].headers)
+            answer = await send(requests[n])
             await pipeline.drain()
             if not 400 <= (answer.status or 0) < 500:
                 continue  # accepted this time (the state moved on): nothing to check
@@ -185,7 +258,13 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
             if writes() != before:
                 failed(n, requests[n], answer, "a refused request wrote to the store")
         await pipeline.drain()
-        await pipeline.store.compare(config.default_tenant)
+        for tenant in tenants:
+            await pipeline.store.compare(tenant)
+        end = {key: await branches(pipeline.store, *key) for key in grown}
+        for (tenant, session), before in halfway.items():
+            failures += overwritten(session, before, end[tenant, session])
+        first = {session: end[tenant, session] for tenant, session in grown if tenant == tenants[0]}
+        leaks = other_tenant_text(first, pipeline.tenants.cache_salt(tenants[0]), fake.requests)
     elapsed = time.perf_counter() - started
     RESULTS.append(
         {
@@ -202,6 +281,7 @@ async def test_fuzz(dialect_name, backend, fake, request, monkeypatch):
         }
     )
     assert not failures, f"{len(failures)} failures, first: " + "\n".join(failures[:10])
+    assert not leaks, "the other tenant's text reached the first one's: " + "\n".join(leaks[:10])
     assert not mismatches, f"{len(mismatches)} differences from the full path, first: " + "\n".join(
         mismatches[:10]
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -164,3 +165,32 @@ async def test_context_too_long_walks_the_cliff_ladder_and_retries(gateway_with_
         assert retried < first / 2
         kept = fake.requests[1]["messages"]
         assert kept[0]["role"] == "system" and kept[1] == {"role": "user", "content": "task"}
+
+
+async def test_a_compressed_body_is_a_415_naming_content_encoding(
+    gateway_with_fake, client, store_url
+):
+    """The body is read as sent: a gzip one would be a 400 for bytes that are not JSON, a
+    plain one under the claim would be read against what the client said it sent."""
+    plain = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    async with gateway_with_fake() as (url, fake):
+        for body in (gzip.compress(plain), plain):
+            resp = await client.post(
+                f"{url}/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json", "content-encoding": "gzip"},
+            )
+            assert resp.status_code == 415
+            err = resp.json()["error"]
+            assert err["param"] == "content-encoding" and "'gzip'" in err["message"]
+        assert fake.requests == []
+    async with store_at(store_url) as store:
+        assert await store.list_sessions("default") == []
+    async with gateway_with_fake() as (url, fake):
+        for encoding in ("identity", ""):  # no coding: read as sent
+            resp = await client.post(
+                f"{url}/v1/chat/completions",
+                content=plain,
+                headers={"content-type": "application/json", "content-encoding": encoding},
+            )
+            assert resp.status_code == 200, encoding

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.dialects.errors import DialectError
 from gateway.identity import MAX_SESSION_ID_CHARS, header_text, session_id
-from gateway.tenants import REFUSED_FIELDS, TEMPLATE_ARGUMENTS, Tenants
+from gateway.tenants import PRIORITY_RANGE, REFUSED_FIELDS, TEMPLATE_ARGUMENTS, Tenants
 from tests.gateway.conftest import store_at
 from tests.gateway.test_tenancy import ACME, BETA, chat, tenant_config
 
@@ -331,3 +331,19 @@ def test_upstream_fields_allow_only_what_a_tenant_may_be_trusted_with():
     for name in ("request_id", "echo", "continue_final_message", "cache_salt", "session_id"):
         with pytest.raises(ValueError, match="upstream_fields"):
             Tenants({"acme": {"upstream_fields": [name]}}, None)
+
+
+def test_an_allowed_priority_is_an_integer_the_gateway_can_scale():
+    """With ``upstream_priority`` the gateway sends a client's priority times its classes:
+    past ``PRIORITY_RANGE`` that left int64 (orjson refused it: a 500), and a string was
+    silently replaced by the tenant's configured priority."""
+    tenants = Tenants({"acme": {"upstream_fields": ["priority"]}}, None)
+    for value in (2**63, PRIORITY_RANGE[1] + 1, PRIORITY_RANGE[0] - 1, "1", 1.5, True):
+        with pytest.raises(DialectError) as info:
+            tenants.check_request_fields("acme", {"priority": value})
+        assert info.value.param == "priority"
+    for value in (*PRIORITY_RANGE, 0, None):
+        tenants.check_request_fields("acme", {"priority": value})
+    tenants.check_request_fields("beta", {"priority": "dropped: beta may not send it"})
+    with pytest.raises(ValueError, match="priority must be an integer between"):
+        Tenants({"acme": {"priority": 2**62}}, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import time
 import weakref
 
@@ -12,7 +13,9 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from gateway.app import create_app
 from gateway.cli import main
+from gateway.config import GatewayConfig
 from gateway.exposure import ReplicaLabels
 from gateway.serve import redact_url
 from gateway.tenants import hash_key
@@ -48,6 +51,38 @@ async def test_a_body_that_never_arrives_is_a_408(gateway_with_fake):
         writer.close()
         assert head.startswith(b"HTTP/1.1 408")
         assert fake.requests == []
+
+
+async def test_a_client_that_leaves_before_its_body_ends_is_a_499(store_url, caplog):
+    """A body cut off by the client's disconnect (a chunked body cut midway, a
+    Content-Length never reached): nothing to answer, nothing stored, no error logged."""
+    fake = await FakeUpstream().start()
+    app = create_app(GatewayConfig(store_url=store_url, replicas=(fake.url,)))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"content-type", b"application/json"), (b"x-session-id", b"cut")],
+    }
+    pulls = iter([{"type": "http.request", "body": body[:10], "more_body": True}])
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return next(pulls, {"type": "http.disconnect"})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    try:
+        async with app.router.lifespan_context(app):
+            await app(scope, receive, send)
+            assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+            assert await app.state.pipeline.store.list_sessions("default") == []
+    finally:
+        await fake.stop()
+    assert fake.requests == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_strategy_label_takes_bounded_values(gateway_with_fake, client):

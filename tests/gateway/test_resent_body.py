@@ -30,7 +30,7 @@ BODIES = {
 DIALECT = {d.name: d for d in DIALECTS}
 EDITS = (
     *("none", "edit earlier", "field again", "frame key", "scalar last", "cut", "append"),
-    "number after",
+    *("number after", "wide integer after"),
 )
 
 
@@ -60,6 +60,8 @@ def edited(raw: bytes, body: dict[str, Any], field: str, edit: str) -> list[byte
         return [raw[: len(raw) * 2 // 3]]
     if edit == "append":
         return [raw + b" x"]
+    if edit == "wide integer after":  # refused by both paths
+        return [raw[:-1] + b',"seed":-9223372036854775809}']
     if edit == "number after":
         # The array last, then the same bytes with what would continue a number right
         # after its last item: invalid JSON, however the prefix is framed.
@@ -126,3 +128,31 @@ def test_a_growing_history_is_parsed_after_its_prefix() -> None:
         other = bodies.parse(raw, ("tenant-b", "s"), "messages")
         assert other == body and other["messages"][0] is not body["messages"][0]
         previous = body["messages"]
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [b"18446744073709551616", b"-9223372036854775809", b"123456789012345678901234567890"],
+)
+def test_an_integer_orjson_would_read_as_a_float_is_refused_by_both_paths(literal: bytes) -> None:
+    """orjson reads an integer outside [-2**63, 2**64) as a float: stored and sent upstream,
+    the value would change, so the body is refused, naming it; a kept prefix changes
+    nothing (the rest holding it is parsed whole)."""
+    bodies = ResentBodies(1 << 30, 10_000)
+    first = b'{"model":"m","messages":[{"role":"user","content":"a"}]'
+    bodies.parse(first + b"}", ("t", "s"), "messages")
+    resent = first[:-1] + b',{"role":"user","content":"b","n":' + literal + b"}]}"
+    for parse in (parse_object, lambda raw: bodies.parse(raw, ("t", "s"), "messages")):
+        with pytest.raises(DialectError, match=f"integer {literal.decode()}, beyond the 64-bit"):
+            parse(resent)
+
+
+def test_integers_orjson_keeps_exactly_and_digits_elsewhere_pass() -> None:
+    raw = (
+        b'{"a":18446744073709551615,"b":-9223372036854775808,"c":1733480000000000000,'
+        b'"d":"123456789012345678901234567890","e":1.123456789012345678901,'
+        b'"f":123456789012345678901.5,"g":1e-12345678901234567890}'
+    )
+    body = parse_object(raw)
+    assert (body["a"], body["b"], body["c"]) == (2**64 - 1, -(2**63), 1733480000000000000)
+    assert body["d"] == "123456789012345678901234567890"

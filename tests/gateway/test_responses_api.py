@@ -132,7 +132,17 @@ BAD = [
     ("wrong type", {"model": "m", "input": "x", "max_output_tokens": "many"}),
     ("input missing", {"model": "m"}),
     ("unknown previous response", {"model": "m", "input": "x", "previous_response_id": "resp_no"}),
+    # Ids the store cannot hold: a 400 naming the field, not the store's ValueError (a 500).
+    ("previous response id with NUL", {"model": "m", "input": "x", "previous_response_id": "r\0"}),
+    (
+        "previous response id too long",
+        {"model": "m", "input": "x", "previous_response_id": "r" * 600},
+    ),
     ("bad params header", {"model": "m", "input": "x", "_header": "[1]"}),
+    (
+        "params header with an integer orjson reads as a float",
+        {"model": "m", "input": "x", "_header": '{"logit_bias": {"1": 123456789012345678901}}'},
+    ),
 ]
 
 
@@ -147,6 +157,8 @@ async def test_bad_input_is_a_4xx_in_the_responses_shape(
         error = resp.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"], why
         assert set(error) == {"message", "type", "param", "code"}
+        if "previous_response_id" in body:
+            assert error["param"] == "previous_response_id", why
         assert fake.requests == []
     async with store_at(store_url) as store:
         assert await store.list_sessions("default") == []
