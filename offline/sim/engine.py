@@ -216,8 +216,8 @@ class SimReplica:
         self.waiting.insert(at, request)
 
     def interrupt(self, now: float) -> float | None:
-        """A request arrived: cut a decode jump at the step in progress. Returns the new end
-        time when it moved, else None."""
+        """A request arrived: cut a decode jump at the step in progress, or an idle wait for
+        a load. Returns the new end time when it moved, else None."""
         p = self.pending
         if p is not None and not p.scheduled:
             # Idle until a load completes: the engine's empty steps would take it at once.
