@@ -235,9 +235,13 @@ class BlockPool:
         if len(ids):
             self.refs[ids] -= 1
             self.referenced -= int((self.refs[ids] == 0).sum())
-            self.stamp[ids] = self._clock + np.arange(len(ids), 0, -1)
-            self._clock += len(ids) + 1
+            self.touch(ids)
         self.anonymous -= anonymous
+
+    def touch(self, ids: Any) -> None:
+        """Make these blocks the most recently used, the first of them most of all."""
+        self.stamp[ids] = self._clock + np.arange(len(ids), 0, -1)
+        self._clock += len(ids) + 1
 
     def _evict(self, needed: int) -> None:
         chunks = self._resident_ids

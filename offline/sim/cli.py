@@ -157,6 +157,17 @@ from router.registry import ADMISSIONS
     help="KV pool per replica in tokens, in place of the preset's [default: the preset's].",
 )
 @click.option(
+    "--kv-offloading-size",
+    "kv_offloading_gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="GIB",
+    help="Give every replica vLLM's CPU KV offload tier of this many GiB (vLLM's "
+    "--kv-offloading-size: blocks stored as they are computed, LRU, a hit past the GPU's "
+    "loaded at the preset's host link speed while other requests run) and the gateway's "
+    "cost model the same tier (its kv_offload_bytes) [default: no tier].",
+)
+@click.option(
     "--time-scale",
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
@@ -242,6 +253,7 @@ def simulate_command(
     think_sigma: float,
     think_cap: float | None,
     kv_pool_tokens: int | None,
+    kv_offloading_gib: float | None,
     time_scale: float,
     sessions: int | None,
     max_steps: int | None,
@@ -278,6 +290,10 @@ def simulate_command(
     cost = get_preset(preset)
     if kv_pool_tokens is not None:
         cost = cost.with_pool(kv_pool_tokens)
+    if kv_offloading_gib is not None:
+        # vLLM sizes the tier as GIB * 2**30 bytes (config/vllm.py); the gateway's
+        # kv_offload_bytes names the same bytes.
+        cost = cost.with_offload(int(kv_offloading_gib * 2**30))
     if time_scale != 1.0:
         cost = scaled(cost, time_scale)
     try:
@@ -309,6 +325,11 @@ def simulate_command(
         "kv pool per replica (tokens)": f"{cost.kv_pool_tokens:,}",
         "block size": cost.block_size,
         "max_num_batched_tokens": cost.max_num_batched_tokens,
+        **(
+            {"kv offload tier per replica (tokens)": f"{cost.offload_tokens:,}"}
+            if kv_offloading_gib is not None
+            else {}
+        ),
         "time scale": time_scale,
         "duration / warm-up (s)": f"{duration:g} / {warmup:g}",
         "think time (s)": (

@@ -238,7 +238,7 @@ class _Cluster:
     def run(self, on_progress: Callable[[float], None] | None) -> CellResult:
         config = self.config
         self.begin()
-        counters_at_warmup: tuple[int, int, int] | None = None
+        counters_at_warmup: tuple[int, ...] | None = None
         last_progress = 0.0
         now = 0.0
         while self.events:
@@ -287,13 +287,17 @@ class _Cluster:
             self.push(self.arrivals.expovariate(config.arrival_rate), _ARRIVE)
         self.push(0.0, _SCRAPE)
 
-    def measure(self, now: float, counters_at_warmup: tuple[int, int, int]) -> None:
+    def measure(self, now: float, counters_at_warmup: tuple[int, ...]) -> None:
         """The measured window's counters and length, once the loop has stopped at ``now``."""
         result, config = self.result, self.config
         end_counters = _counters(self.engines)
         result.prefix_queries = end_counters[0] - counters_at_warmup[0]
         result.prefix_hits = end_counters[1] - counters_at_warmup[1]
         result.preemptions = end_counters[2] - counters_at_warmup[2]
+        if self.engines[0].tier is not None:
+            result.offload = True
+            result.external_queries = end_counters[3] - counters_at_warmup[3]
+            result.external_hits = end_counters[4] - counters_at_warmup[4]
         result.sessions_started = self.started
         # A run with a session limit may end before its duration: measure until its last
         # reply, as a Locust run of fixed work is timed from its first request to its last.
@@ -311,7 +315,7 @@ class _Cluster:
         s = _Session(self.started, config.seed, trajectory, rng, self.next_id)
         self.next_id += run.local_ids
         for e in self.engines:
-            e.pool.ensure(self.next_id)
+            e.ensure(self.next_id)
         self.sessions[s.index] = s
         self.started += 1
         # Sessions do not start in lockstep: the first request after one think time.
@@ -491,8 +495,9 @@ class _Cluster:
         config, result = self.config, self.result
         usage = [e.pool.usage for e in self.engines]
         for r, e, u in zip(self.pool.replicas, self.engines, usage, strict=True):
+            # vLLM counts the requests loading from the offload tier as waiting.
             r.metrics = ReplicaMetrics(
-                running=len(e.running), waiting=len(e.waiting), kv_cache_usage=u
+                running=len(e.running), waiting=len(e.waiting) + len(e.loading), kv_cache_usage=u
             )
         if now >= config.warmup_s:
             result.kv_time.append(now)
@@ -550,9 +555,11 @@ def _later(now: float, retry_at: float) -> float:
     return max(retry_at, math.nextafter(now, math.inf))
 
 
-def _counters(engines: list[SimReplica]) -> tuple[int, int, int]:
+def _counters(engines: list[SimReplica]) -> tuple[int, ...]:
     return (
         sum(e.stats.prefix_queries for e in engines),
         sum(e.stats.prefix_hits for e in engines),
         sum(e.stats.preemptions for e in engines),
+        sum(e.stats.external_queries for e in engines),
+        sum(e.stats.external_hits for e in engines),
     )

@@ -30,10 +30,18 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("kv_usage_max", "KV max"),
     ("admission_wait_max_s", "admission wait max s"),
 )
+# Only cells whose replicas have a CPU offload tier report it (CellResult.offload).
+OFFLOAD_COLUMN = ("offload_hit_rate", "offload hit")
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+    if any(OFFLOAD_COLUMN[0] in r for r in rows):
+        return (*COLUMNS, OFFLOAD_COLUMN)
+    return COLUMNS
 
 
 def _cell(key: str, value: Any) -> str:
-    if key == "prefix_hit_rate" or key.startswith("kv_usage"):
+    if key in ("prefix_hit_rate", "offload_hit_rate") or key.startswith("kv_usage"):
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:,.2f}" if key.endswith("_s") else f"{value:,.1f}"
@@ -43,9 +51,10 @@ def _cell(key: str, value: Any) -> str:
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = "| " + " | ".join(label for _, label in COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(_cell(k, r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+    columns = _columns(rows)
+    head = "| " + " | ".join(label for _, label in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_cell(k, r.get(k, 0.0)) for k, _ in columns) + " |" for r in rows]
     return "\n".join([head, rule, *body])
 
 
@@ -65,7 +74,7 @@ def write_outputs(
     written = []
     csv_path = out / "results.csv"
     with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[k for k, _ in COLUMNS])
+        writer = csv.DictWriter(f, fieldnames=[k for k, _ in _columns(rows)])
         writer.writeheader()
         writer.writerows(rows)
     written.append(csv_path)
@@ -103,7 +112,14 @@ def write_outputs(
         "requests "
         "completed per simulated minute after warm-up. Moves: sessions re-homed by the "
         "policy. KV: the replicas' KV usage (cached unreferenced blocks count free), mean "
-        "over replicas and scrapes, and the highest one seen.\n\n"
+        "over replicas and scrapes, and the highest one seen."
+        + (
+            " Offload hit: the prompt tokens loaded from the replicas' CPU offload tier past "
+            "their GPU hit (vLLM's external_prefix_cache_hits), of every token queried."
+            if len(_columns(rows)) > len(COLUMNS)
+            else ""
+        )
+        + "\n\n"
         + (f"{extra}\n\n" if extra else "")
         + "![KV usage](kv_usage.png)\n\n![cells](cells.png)\n"
     )

@@ -60,10 +60,21 @@ class CellResult:
     admission_wait_s: list[float] = field(default_factory=list)
     # Each measured request, in the order they finished (``SimConfig.log_requests``).
     request_log: list[RequestRecord] = field(default_factory=list)
+    # With a CPU offload tier: vLLM's connector counters (the tokens first admissions
+    # asked of it past their GPU hit, and those it held and loaded).
+    offload: bool = False
+    external_queries: int = 0
+    external_hits: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    @property
+    def offload_hit_rate(self) -> float:
+        """Loaded from the offload tier, of every prompt token queried (so the GPU's hit
+        rate and this add up to the share of prompt tokens not prefilled)."""
+        return self.external_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     @property
     def steps_per_min(self) -> float:
@@ -76,7 +87,7 @@ class CellResult:
         def mean(xs: list[float]) -> float:
             return float(np.mean(xs)) if xs else 0.0
 
-        return {
+        row: dict[str, Any] = {
             "policy": self.policy,
             "strategy": self.strategy,
             "load": self.load,
@@ -93,3 +104,6 @@ class CellResult:
             "kv_usage_max": round(max(self.kv_max, default=0.0), 4),
             "admission_wait_max_s": round(max(self.admission_wait_s, default=0.0), 4),
         }
+        if self.offload:
+            row["offload_hit_rate"] = round(self.offload_hit_rate, 4)
+        return row

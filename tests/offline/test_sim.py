@@ -26,6 +26,7 @@ from offline.sim.compare import bucket_bound, read_experiment
 from offline.sim.engine import SimReplica, SimRequest
 from offline.sim.judge import judge
 from offline.sim.judge import markdown as judgement_markdown
+from offline.sim.offload import OffloadTier
 from offline.sim.ordering import ordered_pairs, ordering, simulated_pairs
 from offline.sim.result import CellResult
 from offline.sim.serving_path import ServedRequest, fit_serving_path, token_interval
@@ -171,6 +172,163 @@ def test_a_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
     assert replica.stats.preemptions == 0
     assert second.first_scheduled is not None and first.finished is not None
     assert second.first_scheduled >= first.finished
+
+
+def tiered(**changes: float) -> CostModel:
+    """``cost()`` with a CPU offload tier of 200 blocks; a block reloads in 16 ms."""
+    base = dict(kv_bytes_per_token=1000, offload_tokens=200 * 16, offload_bytes_per_s=1e6)
+    return cost(**(base | changes))
+
+
+def fill_gpu_then_return(replica: SimReplica) -> tuple[SimRequest, float]:
+    """A session's first request (10 prompt blocks), then another session's long prompt
+    that evicts part of it from the GPU pool (99 blocks), then the first session's next
+    request, 4 blocks longer, added at the returned time."""
+    replica.ensure(400)
+    replica.add(request(10, 0))
+    now, _ = run_until_idle(replica)
+    replica.add(request(95, 100, out=1))
+    now, _ = run_until_idle(replica, now)
+    back = request(14, 0)
+    back.arrival = now
+    replica.add(back)
+    return back, now
+
+
+def test_a_prefix_the_gpu_evicted_is_loaded_from_the_offload_tier_not_prefilled() -> None:
+    replica = SimReplica.create(0, tiered())
+    back, now = fill_gpu_then_return(replica)
+    assert replica.tier is not None
+    on_gpu = replica.pool.hits(back.ids, 14)
+    in_tier = replica.tier.hits(back.ids[on_gpu:14])
+    assert on_gpu < 10 and on_gpu + in_tier == 10  # written through as computed
+    queried, hits = replica.stats.prefix_queries, replica.stats.prefix_hits
+    # It loads the tier's blocks (16 ms each, 1000 bytes a token at 1 MB/s) and computes
+    # nothing until the load is done: the replica idles until then.
+    load_s = in_tier * 16 * 1000 / 1e6
+    wake = replica.start_step(now)
+    assert wake == pytest.approx(now + load_s)
+    assert back.first_scheduled is None and replica.loading == [back]
+    replica.finish_step(wake)
+    end = replica.start_step(wake)
+    # Then it prefills only what neither held: 4 blocks and the partial one, 69 tokens.
+    assert end == pytest.approx(wake + 0.01 + 0.001 * (14 * 16 + 5 - 160))
+    assert back.first_scheduled == wake
+    run_until_idle(replica, wake)
+    assert back.cached_tokens == 160 and back.first_token == pytest.approx(end)
+    # vLLM's counters: the GPU's hit in the prefix cache's, the load in the connector's.
+    assert replica.stats.prefix_queries - queried == back.prompt_tokens
+    assert replica.stats.prefix_hits - hits == on_gpu * 16
+    assert replica.stats.external_hits == in_tier * 16
+    # Without a tier the same requests re-prefill what the GPU evicted.
+    plain = SimReplica.create(0, cost(kv_bytes_per_token=1000))
+    again, now = fill_gpu_then_return(plain)
+    run_until_idle(plain, now)
+    assert again.cached_tokens == on_gpu * 16 and plain.tier is None
+
+
+def test_a_request_loading_from_the_offload_tier_waits_while_others_run() -> None:
+    # vLLM admits a request with a tier hit to load and considers the next waiting one in
+    # the same step: the load holds up nobody behind it.
+    replica = SimReplica.create(0, tiered(offload_bytes_per_s=1e4))  # 1.6 s a block
+    back, now = fill_gpu_then_return(replica)
+    other = request(2, 300, out=2)
+    other.arrival = now
+    replica.add(other)
+    replica.start_step(now)
+    assert replica.loading == [back] and other.first_scheduled == now
+    run_until_idle(replica, now)
+    assert other.finished is not None and back.first_scheduled is not None
+    assert other.finished < back.ready_at <= back.first_scheduled
+
+
+def test_the_offload_tier_keeps_its_capacity_and_evicts_the_least_recently_used() -> None:
+    tier = OffloadTier(4)
+    tier.ensure(10)
+    assert tier.store(ids(0, 1)) and tier.store(ids(2, 3))
+    assert tier.pool.cached == 4
+    # A store evicts what was used least recently: of each store, the last block first
+    # (a prompt's beginning is the most recent, as vLLM's LRU ranks it).
+    assert tier.store(ids(4))
+    assert tier.pool.cached == 4 and tier.hits(ids(0, 1)) == 1
+    tier.touch(ids(2, 3))  # a request that used 2 and 3 finished: 0 is now the oldest
+    assert tier.store(ids(5))
+    assert (tier.hits(ids(0)), tier.hits(ids(2, 3)), tier.hits(ids(4, 5))) == (0, 2, 2)
+    # Blocks a load reads are not evicted; a store that cannot make room stores nothing.
+    tier.pin(ids(2, 3, 4, 5))
+    assert not tier.store(ids(6)) and tier.stores_skipped == 1
+    assert tier.hits(ids(6)) == 0 and tier.hits(ids(2, 3)) == 2
+    tier.unpin(ids(2, 3, 4, 5))
+    assert tier.store(ids(6)) and tier.pool.cached == 4
+    # A store never evicts a block it offers itself.
+    assert tier.store(ids(6, 7, 8, 9)) and tier.hits(ids(6, 7, 8, 9)) == 4
+
+
+def test_an_offload_tier_changes_nothing_while_the_gpu_pool_evicts_nothing(
+    tmp_path: Path,
+) -> None:
+    # With a pool that never evicts, every prefix hits on the GPU: the tier only stores, and
+    # every figure but its own is the run without it. With a pool that evicts, the tier
+    # turns re-prefills into loads.
+    workload = build_workload(
+        load_trajectories(trajectory_file(tmp_path)),
+        ChatTokenizer(ByteEstimate()),
+        ReplayConfig(strategies=("base",), block_size=16),
+    )
+
+    def run(model: CostModel) -> dict[str, Any]:
+        config = SimConfig(policy="sticky_cost", strategy="base", cost=model, replicas=2,
+                           concurrency=6, duration_s=120, warmup_s=10, think_s=1.0)  # fmt: skip
+        return simulate(workload, config).summary()
+
+    link = dict(kv_bytes_per_token=1000, offload_bytes_per_s=1e9)
+    roomy = cost(kv_pool_tokens=200_000, **link)
+    plain, tier = run(roomy), run(roomy.with_offload(10**9))
+    assert "offload_hit_rate" not in plain and tier.pop("offload_hit_rate") == 0.0
+    assert tier == plain
+    tight = cost(kv_pool_tokens=3_000, **link)
+    plain, tier = run(tight), run(tight.with_offload(10**9))
+    assert tier["offload_hit_rate"] > 0
+    assert tier["prefix_hit_rate"] + tier["offload_hit_rate"] > plain["prefix_hit_rate"]
+
+
+def test_kv_offloading_size_gives_the_replicas_and_the_gateway_one_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As an operator sets vLLM's --kv-offloading-size and the gateway's kv_offload_bytes
+    # to the same bytes: the policy prices restores with the tier the engines run.
+    import offline.sim.cluster as cluster
+
+    priced: list[CostModel] = []
+
+    def recording(name: str, **kwargs: Any) -> Any:
+        priced.append(kwargs["cost"])
+        return make_policy(name, **kwargs)
+
+    monkeypatch.setattr(cluster, "make_policy", recording)
+
+    def run(*extra: str) -> dict[str, Any]:
+        out = tmp_path / f"out{len(extra)}"
+        result = CliRunner().invoke(
+            main,
+            [
+                "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
+                "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
+                "--strategy", "base", "--duration", "30", "--warmup", "5", "--tokenizer",
+                "estimate", "--jobs", "1", *extra, "--out", str(out),
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return dict(json.loads((out / "results.json").read_text()))
+
+    plain, tiered_run = run(), run("--kv-offloading-size", "0.5")
+    preset = get_preset("cpu-tiny")
+    assert priced[0] == preset and priced[1] == preset.with_offload(2**29)
+    assert priced[1].offload_tokens == 2**29 // preset.kv_bytes_per_token
+    assert "kv offload tier per replica (tokens)" not in plain["setup"]
+    assert tiered_run["setup"]["kv offload tier per replica (tokens)"] == f"{2**29 // 512:,}"
+    assert "offload_hit_rate" not in plain["cells"][0]
+    assert "offload_hit_rate" in tiered_run["cells"][0]
 
 
 def test_streamed_tokens_lengthen_the_step_that_emits_them() -> None:
