@@ -308,18 +308,7 @@ def test_kv_offloading_size_gives_the_replicas_and_the_gateway_one_tier(
     monkeypatch.setattr(cluster, "make_policy", recording)
 
     def run(*extra: str) -> dict[str, Any]:
-        out = tmp_path / f"out{len(extra)}"
-        result = CliRunner().invoke(
-            main,
-            [
-                "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
-                "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
-                "--strategy", "base", "--duration", "30", "--warmup", "5", "--tokenizer",
-                "estimate", "--jobs", "1", *extra, "--out", str(out),
-            ],
-        )  # fmt: skip
-        assert result.exit_code == 0, result.output
-        return dict(json.loads((out / "results.json").read_text()))
+        return dict(json.loads((simulate_tiny(tmp_path, *extra) / "results.json").read_text()))
 
     plain, tiered_run = run(), run("--kv-offloading-size", "0.5")
     preset = get_preset("cpu-tiny")
@@ -502,6 +491,23 @@ def trajectory_file(
     return path
 
 
+def simulate_tiny(tmp_path: Path, *extra: str, duration_s: int = 30) -> Path:
+    """``foldgate simulate`` of one recording (``trajectory_file``) on two ``cpu-tiny``
+    replicas, 4 sessions under ``sticky_cost``, with the ``extra`` options: its folder."""
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
+            "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
+            "--strategy", "base", "--duration", str(duration_s), "--warmup", "5",
+            "--tokenizer", "estimate", "--jobs", "1", *extra, "--out", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def test_leading_blocks_two_recordings_have_in_common_are_shared(tmp_path: Path) -> None:
     # Two tasks of one agent: the same system prompt, and a first user message whose
     # template runs on past it. vLLM's chained hashes make every common leading block one
@@ -636,17 +642,7 @@ def test_kv_pool_tokens_replaces_the_presets_pool_and_nothing_else(tmp_path: Pat
     assert SimReplica.create(0, bigger).pool.capacity == bigger.kv_pool_blocks - 1
 
     def setup(*extra: str) -> dict[str, Any]:
-        out = tmp_path / f"out{len(extra)}"
-        result = CliRunner().invoke(
-            main,
-            [
-                "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
-                "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
-                "--strategy", "base", "--duration", "30", "--warmup", "5", "--tokenizer",
-                "estimate", "--jobs", "1", *extra, "--out", str(out),
-            ],
-        )  # fmt: skip
-        assert result.exit_code == 0, result.output
+        out = simulate_tiny(tmp_path, *extra)
         run = json.loads((out / "results.json").read_text())["setup"]
         del run["wall time (s)"]
         return run
@@ -658,17 +654,7 @@ def test_kv_pool_tokens_replaces_the_presets_pool_and_nothing_else(tmp_path: Pat
 
 
 def test_the_request_log_holds_every_measured_request_as_it_was_served(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    result = CliRunner().invoke(
-        main,
-        [
-            "simulate", str(trajectory_file(tmp_path)), "--preset", "cpu-tiny",
-            "--replicas", "2", "--concurrency", "4", "--policy", "sticky_cost",
-            "--strategy", "base", "--duration", "60", "--warmup", "5", "--tokenizer",
-            "estimate", "--jobs", "1", "--log-requests", "--out", str(out),
-        ],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    out = simulate_tiny(tmp_path, "--log-requests", duration_s=60)
     cell = json.loads((out / "results.json").read_text())["cells"][0]
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert len(records) == cell["requests"] > 0
